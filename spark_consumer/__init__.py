@@ -1,0 +1,1 @@
+"""walbridge spark_consumer."""
