@@ -1,0 +1,61 @@
+"""Build the SparkSession the consumer and the tests use.
+
+The Kafka source, Avro functions and Delta Lake come as Maven artifacts resolved through
+``spark.jars.packages``; their versions follow the installed pyspark/delta-spark so the
+Scala binaries always match the Python side.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import version
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+SCALA_BINARY = "2.13"
+
+
+def walbridge_home() -> Path:
+    """State directory of the local stack (downloads, caches), default `.walbridge/` in the checkout."""
+    default = Path(__file__).resolve().parent.parent / ".walbridge"
+    return Path(os.environ.get("WALBRIDGE_HOME", str(default))).resolve()
+
+
+def maven_packages() -> list[str]:
+    spark = version("pyspark")
+    delta = version("delta-spark")
+    return [
+        f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{spark}",
+        f"org.apache.spark:spark-avro_{SCALA_BINARY}:{spark}",
+        f"io.delta:delta-spark_{SCALA_BINARY}:{delta}",
+    ]
+
+
+def build_session(
+    app_name: str = "walbridge",
+    master: str | None = None,
+    shuffle_partitions: int = 4,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """A session with Kafka, Avro and Delta; sized for a small machine unless overridden."""
+    ivy = walbridge_home() / "ivy2"
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master or os.environ.get("WALBRIDGE_SPARK_MASTER", "local[2]"))
+        .config("spark.jars.packages", ",".join(maven_packages()))
+        .config("spark.jars.ivy", str(ivy))
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", os.environ.get("WALBRIDGE_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.adaptive.enabled", "true")
+        # Delta's own defaults favour big clusters; these keep small local runs fast.
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.databricks.delta.optimizeWrite.enabled", "false")
+    )
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
