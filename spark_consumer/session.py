@@ -22,8 +22,23 @@ def walbridge_home() -> Path:
     return Path(os.environ.get("WALBRIDGE_HOME", str(default))).resolve()
 
 
+def connector_version() -> str:
+    """Version of the Spark Kafka/Avro connector jars: the `.0` release of pyspark's minor line.
+
+    The connectors are binary compatible within a minor line, and Maven Central can lag PyPI
+    (for pyspark 4.0.5 only 4.0.0 had all of spark-sql-kafka, spark-token-provider-kafka and
+    spark-avro), so the `.0` release is the one that always resolves.
+    WALBRIDGE_SPARK_CONNECTOR_VERSION overrides it.
+    """
+    override = os.environ.get("WALBRIDGE_SPARK_CONNECTOR_VERSION")
+    if override:
+        return override
+    major, minor = version("pyspark").split(".")[:2]
+    return f"{major}.{minor}.0"
+
+
 def maven_packages() -> list[str]:
-    spark = version("pyspark")
+    spark = connector_version()
     delta = version("delta-spark")
     return [
         f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{spark}",
