@@ -1,0 +1,45 @@
+"""Connection strings: the replication variant of a DSN, and a log-safe rendering of it."""
+
+from __future__ import annotations
+
+from psycopg import conninfo
+from psycopg.errors import ProgrammingError
+
+from producer.replication.errors import ErrorKind, ReplicationError
+
+_SECRET_KEYS = frozenset({"password", "sslpassword"})
+
+
+def _parse(dsn: str) -> dict[str, str]:
+    try:
+        return {k: str(v) for k, v in conninfo.conninfo_to_dict(dsn).items()}
+    except ProgrammingError as exc:
+        # libpq's own message may quote the DSN (and the password) verbatim; don't repeat it.
+        raise ReplicationError(ErrorKind.CONFIG, "can't parse the PostgreSQL DSN") from exc
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with passwords replaced by ``***`` (URI and key=value forms alike)."""
+    params = _parse(dsn)
+    return conninfo.make_conninfo(
+        "", **{k: ("***" if k in _SECRET_KEYS else v) for k, v in params.items()}
+    )
+
+
+def replication_conninfo(dsn: str, *, application_name: str, connect_timeout: int) -> bytes:
+    """The DSN for a walsender connection in database mode (logical decoding needs a database);
+    the caller's application_name / connect_timeout win when already set."""
+    params = _parse(dsn)
+    params["replication"] = "database"
+    params.setdefault("application_name", application_name)
+    params.setdefault("connect_timeout", str(connect_timeout))
+    return conninfo.make_conninfo("", **params).encode()
+
+
+def sql_conninfo(dsn: str, *, application_name: str, connect_timeout: int) -> str:
+    """The DSN for an ordinary SQL session next to the replication one (catalog checks)."""
+    params = _parse(dsn)
+    params.pop("replication", None)
+    params.setdefault("application_name", application_name)
+    params.setdefault("connect_timeout", str(connect_timeout))
+    return conninfo.make_conninfo("", **params)

@@ -1,0 +1,310 @@
+"""Server-side preconditions: wal_level, the slot and the publication.
+
+Catalog queries run over an ordinary psycopg connection with bound parameters and
+psycopg.sql composition; only walsender commands (IDENTIFY_SYSTEM, SHOW,
+CREATE_REPLICATION_SLOT) use the replication connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from producer.pgoutput import parse_lsn
+from producer.replication.commands import IDENTIFY_SYSTEM, create_slot_command
+from producer.replication.config import ReplicationConfig
+from producer.replication.connection import WalsenderConnection
+from producer.replication.errors import ErrorKind, ReplicationError
+from producer.replication.identifiers import TableName
+
+log = logging.getLogger(__name__)
+
+_DUPLICATE_OBJECT = "42710"
+
+
+@dataclass(frozen=True)
+class SystemIdentity:
+    """IDENTIFY_SYSTEM's answer."""
+
+    system_id: str
+    timeline: int
+    xlogpos: int
+    dbname: str
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What the producer needs to know about an existing slot (pg_replication_slots)."""
+
+    slot_name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    active_pid: int | None
+    confirmed_flush_lsn: int | None
+    two_phase: bool
+    wal_status: str | None
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """The slot we stream from. ``snapshot_name`` / ``consistent_point`` are set only when
+    this call created it with an exported snapshot; the snapshot stays valid until the next
+    command on the replication connection (i.e. until streaming starts)."""
+
+    slot_name: str
+    created: bool
+    consistent_point: int | None
+    snapshot_name: str | None
+    confirmed_flush_lsn: int | None
+
+
+@dataclass(frozen=True)
+class PublicationInfo:
+    name: str
+    created: bool
+    all_tables: bool
+    tables: tuple[TableName, ...]
+    publish_via_partition_root: bool
+    publishes_truncate: bool
+
+
+def identify_system(conn: WalsenderConnection) -> SystemIdentity:
+    rows = conn.command(IDENTIFY_SYSTEM)
+    system_id, timeline, xlogpos, dbname = rows[0]
+    if system_id is None or timeline is None or xlogpos is None:
+        raise ReplicationError(
+            ErrorKind.PROTOCOL, f"unexpected IDENTIFY_SYSTEM row {rows[0]!r}", slot=conn.slot
+        )
+    if dbname is None:
+        raise ReplicationError(
+            ErrorKind.CONFIG,
+            "the connection is not bound to a database (logical decoding needs one)",
+            slot=conn.slot,
+        )
+    return SystemIdentity(system_id, int(timeline), parse_lsn(xlogpos), dbname)
+
+
+def check_wal_level(conn: WalsenderConnection) -> None:
+    # SHOW is a walsender command in database mode, so no extra connection is needed.
+    ((level,),) = conn.command(b"SHOW wal_level")
+    if level != "logical":
+        raise ReplicationError(
+            ErrorKind.WAL_LEVEL,
+            f"wal_level is {level!r}; logical decoding needs wal_level = logical "
+            "(ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)",
+            slot=conn.slot,
+        )
+
+
+def inspect_slot(session: psycopg.Connection, slot: str) -> SlotState | None:
+    row = session.execute(
+        "SELECT slot_name, plugin, slot_type, database, active_pid,"
+        " confirmed_flush_lsn::text, two_phase, wal_status"
+        " FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    name, plugin, slot_type, database, active_pid, confirmed, two_phase, wal_status = row
+    return SlotState(
+        name,
+        plugin,
+        slot_type,
+        database,
+        active_pid,
+        parse_lsn(confirmed) if confirmed else None,
+        bool(two_phase),
+        wal_status,
+    )
+
+
+def check_slot_usable(state: SlotState, *, dbname: str, own_pid: int | None = None) -> None:
+    """Refuse a slot we must not stream from; each refusal says what to do about it."""
+    if state.slot_type != "logical" or state.plugin != "pgoutput":
+        raise ReplicationError(
+            ErrorKind.SLOT_MISMATCH,
+            f"slot is a {state.slot_type} slot with plugin {state.plugin!r}, not a pgoutput "
+            "logical slot; drop it or choose another slot name",
+            slot=state.slot_name,
+            lsn=state.confirmed_flush_lsn,
+        )
+    if state.database != dbname:
+        raise ReplicationError(
+            ErrorKind.SLOT_MISMATCH,
+            f"slot belongs to database {state.database!r}, not {dbname!r}",
+            slot=state.slot_name,
+            lsn=state.confirmed_flush_lsn,
+        )
+    if state.active_pid is not None and state.active_pid != own_pid:
+        raise ReplicationError(
+            ErrorKind.SLOT_ACTIVE,
+            f"slot is in use by the process with pid {state.active_pid}; "
+            "stop that consumer or use another slot",
+            slot=state.slot_name,
+            lsn=state.confirmed_flush_lsn,
+        )
+    if state.wal_status == "lost":
+        raise ReplicationError(
+            ErrorKind.SERVER,
+            "slot has lost required WAL (wal_status 'lost'); it must be dropped and recreated, "
+            "followed by a new snapshot",
+            slot=state.slot_name,
+            lsn=state.confirmed_flush_lsn,
+        )
+
+
+def ensure_slot(
+    conn: WalsenderConnection,
+    session: psycopg.Connection,
+    config: ReplicationConfig,
+    *,
+    dbname: str,
+    export_snapshot: bool = False,
+) -> SlotInfo:
+    """Reuse the configured slot, or create it (when allowed) over the replication connection."""
+    state = inspect_slot(session, config.slot)
+    if state is None:
+        if not config.create_slot:
+            raise ReplicationError(
+                ErrorKind.CONFIG, "slot does not exist and create_slot is off", slot=config.slot
+            )
+        try:
+            return _create_slot(conn, config, export_snapshot=export_snapshot)
+        except ReplicationError as exc:
+            if exc.sqlstate != _DUPLICATE_OBJECT:
+                raise
+            # Another process created it between our check and CREATE: inspect what it made.
+            state = inspect_slot(session, config.slot)
+            if state is None:
+                raise
+    check_slot_usable(state, dbname=dbname)
+    log.info(
+        "reusing replication slot",
+        extra={"slot": config.slot, "confirmed_flush_lsn": state.confirmed_flush_lsn},
+    )
+    return SlotInfo(config.slot, False, None, None, state.confirmed_flush_lsn)
+
+
+def _create_slot(
+    conn: WalsenderConnection, config: ReplicationConfig, *, export_snapshot: bool
+) -> SlotInfo:
+    command = create_slot_command(
+        config.slot, export_snapshot=export_snapshot, two_phase=config.two_phase
+    )
+    ((slot_name, consistent_point, snapshot_name, _plugin),) = conn.command(command)
+    if slot_name is None or consistent_point is None:
+        raise ReplicationError(
+            ErrorKind.PROTOCOL, "CREATE_REPLICATION_SLOT returned no slot", slot=config.slot
+        )
+    lsn = parse_lsn(consistent_point)
+    log.info(
+        "created replication slot",
+        extra={"slot": slot_name, "consistent_point": lsn, "snapshot_name": snapshot_name},
+    )
+    return SlotInfo(slot_name, True, lsn, snapshot_name, lsn)
+
+
+def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -> PublicationInfo:
+    """Check the publication; create it (table list, or FOR ALL TABLES when no tables are
+    configured) when missing. An existing publication is never altered: a difference that
+    would change what we stream is an error for the operator to resolve."""
+    info = _read_publication(session, config.publication)
+    created = False
+    if info is None:
+        if not config.create_publication:
+            raise ReplicationError(
+                ErrorKind.PUBLICATION,
+                f"publication {config.publication!r} does not exist and create_publication is off",
+                slot=config.slot,
+            )
+        try:
+            session.execute(_create_publication_sql(config))
+            created = True
+        except psycopg.errors.DuplicateObject:
+            pass  # created concurrently: validated below like any existing publication
+        except psycopg.Error as exc:
+            raise ReplicationError(
+                ErrorKind.PUBLICATION,
+                f"can't create publication {config.publication!r}",
+                slot=config.slot,
+                server_message=str(exc),
+                sqlstate=exc.sqlstate,
+            ) from exc
+        info = _read_publication(session, config.publication)
+        if info is None:
+            raise ReplicationError(
+                ErrorKind.PUBLICATION,
+                f"publication {config.publication!r} vanished after creation",
+                slot=config.slot,
+            )
+    _check_publication(info, config)
+    return PublicationInfo(
+        info.name,
+        created,
+        info.all_tables,
+        info.tables,
+        info.publish_via_partition_root,
+        info.publishes_truncate,
+    )
+
+
+def _create_publication_sql(config: ReplicationConfig) -> sql.Composed:
+    target: sql.Composable
+    if config.tables:
+        target = sql.SQL("FOR TABLE {}").format(
+            sql.SQL(", ").join(sql.Identifier(t.schema, t.name) for t in config.tables)
+        )
+    else:
+        target = sql.SQL("FOR ALL TABLES")
+    return sql.SQL("CREATE PUBLICATION {} {} WITH (publish_via_partition_root = {})").format(
+        sql.Identifier(config.publication),
+        target,
+        sql.Literal(config.publish_via_partition_root),
+    )
+
+
+def _read_publication(session: psycopg.Connection, name: str) -> PublicationInfo | None:
+    row = session.execute(
+        "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot"
+        " FROM pg_publication WHERE pubname = %s",
+        (name,),
+    ).fetchone()
+    if row is None:
+        return None
+    all_tables, ins, upd, dele, trunc, via_root = row
+    if not (ins and upd and dele):
+        raise ReplicationError(
+            ErrorKind.PUBLICATION,
+            f"publication {name!r} must publish insert, update and delete "
+            f"(insert={ins}, update={upd}, delete={dele})",
+        )
+    tables = tuple(
+        TableName(schema, table)
+        for schema, table in session.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s"
+            " ORDER BY 1, 2",
+            (name,),
+        )
+    )
+    return PublicationInfo(name, False, all_tables, tables, via_root, trunc)
+
+
+def _check_publication(info: PublicationInfo, config: ReplicationConfig) -> None:
+    if info.publish_via_partition_root != config.publish_via_partition_root:
+        raise ReplicationError(
+            ErrorKind.PUBLICATION,
+            f"publication {info.name!r} has publish_via_partition_root = "
+            f"{info.publish_via_partition_root}, configured {config.publish_via_partition_root}",
+            slot=config.slot,
+        )
+    missing = [str(t) for t in config.tables if not info.all_tables and t not in info.tables]
+    if missing:
+        raise ReplicationError(
+            ErrorKind.PUBLICATION,
+            f"publication {info.name!r} does not include {', '.join(missing)}",
+            slot=config.slot,
+        )

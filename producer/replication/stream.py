@@ -1,0 +1,272 @@
+"""The streaming loop: yield pgoutput payloads, report the confirmed LSN, survive disconnects."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+
+from producer.pgoutput import format_lsn
+from producer.replication.commands import start_replication_command
+from producer.replication.config import ReplicationConfig
+from producer.replication.connection import WalsenderConnection
+from producer.replication.errors import ErrorKind, ReplicationError
+from producer.replication.frames import (
+    KEEPALIVE_TAG,
+    XLOGDATA_HEADER,
+    XLOGDATA_PAYLOAD_OFFSET,
+    XLOGDATA_TAG,
+    Keepalive,
+    encode_standby_status,
+    now_pg_micros,
+    parse_keepalive,
+)
+
+log = logging.getLogger(__name__)
+
+Change = tuple[memoryview, int, int]  # (pgoutput payload, wal_start, wal_end)
+# Status checks between socket waits happen every this many frames: often enough that a busy
+# stream still reports on time, rare enough to keep clock reads off the per-message path.
+_FRAMES_PER_CLOCK_CHECK = 256
+_END_COPY_TIMEOUT = 5.0
+
+
+class ReplicationStream:
+    """Iterate to receive ``(payload, wal_start, wal_end)``; call ``confirm`` as events become
+    durable downstream. After a reconnect the server resends everything after the confirmed
+    LSN, starting at a transaction boundary: ``on_reconnect`` tells the consumer to drop any
+    partial transaction (and decoder) state."""
+
+    def __init__(
+        self,
+        config: ReplicationConfig,
+        connect: Callable[[], WalsenderConnection],
+        *,
+        start_lsn: int = 0,
+        connection: WalsenderConnection | None = None,
+        on_reconnect: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._config = config
+        self._connect = connect
+        self._start_lsn = start_lsn
+        self._conn = connection
+        self._on_reconnect = on_reconnect
+        self._clock = clock
+        self._sleep = sleep
+        self._confirmed = 0
+        self._server_wal_end = 0
+        self._last_keepalive: Keepalive | None = None
+        self._last_keepalive_at: float | None = None
+        self._next_status_at = 0.0
+        self._streaming = False
+        self._closed = False
+        self.reconnects = 0
+
+    # --- what the producer reads and sets ----------------------------------------------------
+
+    @property
+    def confirmed_lsn(self) -> int:
+        return self._confirmed
+
+    @property
+    def server_wal_end(self) -> int:
+        """Highest WAL position the server reported (XLogData or keepalive). When no
+        transaction is in flight the producer may confirm this to let the slot advance."""
+        return self._server_wal_end
+
+    @property
+    def last_keepalive(self) -> Keepalive | None:
+        return self._last_keepalive
+
+    @property
+    def last_keepalive_at(self) -> float | None:
+        """Local ``time.monotonic()`` when the last keepalive arrived."""
+        return self._last_keepalive_at
+
+    def confirm(self, lsn: int) -> None:
+        """Report ``lsn`` as written, flushed and applied from the next status update on.
+        Only ever moves forward: confirming less than before is a no-op."""
+        if lsn < 0:
+            raise ReplicationError(
+                ErrorKind.CONFIG, f"can't confirm negative LSN {lsn}", slot=self._config.slot
+            )
+        if lsn > self._confirmed:
+            self._confirmed = lsn
+
+    def send_status(self, *, reply_requested: bool = False) -> None:
+        """Send a Standby Status Update now (also resets the periodic timer)."""
+        if self._conn is None or not self._streaming:
+            return
+        self._conn.send(
+            encode_standby_status(
+                self._confirmed, now_pg_micros(), reply_requested=reply_requested
+            ),
+            lsn=self._confirmed,
+        )
+        self._next_status_at = self._clock() + self._config.status_interval
+
+    # --- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Change]:
+        while not self._closed:
+            try:
+                if not self._streaming:
+                    self._start()
+                yield from self._receive()
+            except ReplicationError as exc:
+                if not exc.retriable or self._closed:
+                    raise
+                self._reconnect(exc)
+
+    def _resume_lsn(self) -> int:
+        return max(self._confirmed, self._start_lsn)
+
+    def _start(self) -> None:
+        if self._conn is None:
+            self._conn = self._connect()
+        lsn = self._resume_lsn()
+        command = start_replication_command(self._config.slot, lsn, self._config.plugin_options())
+        self._conn.start_copy_both(command, lsn=lsn)
+        self._streaming = True
+        self._next_status_at = self._clock() + self._config.status_interval
+        log.info(
+            "replication started",
+            extra={
+                "slot": self._config.slot,
+                "lsn": format_lsn(lsn),
+                "options": dict(self._config.plugin_options()),
+            },
+        )
+
+    def _receive(self) -> Iterator[Change]:
+        conn = self._conn
+        assert conn is not None
+        get_copy_data = conn.pgconn.get_copy_data
+        unpack_header = XLOGDATA_HEADER.unpack_from
+        clock = self._clock
+        since_clock_check = 0
+        while not self._closed:
+            try:
+                n, frame = get_copy_data(1)
+            except psycopg.OperationalError as exc:
+                raise conn.lost("receiving data failed", lsn=self._confirmed, cause=exc) from exc
+            if n > 0:
+                tag = frame[0]
+                if tag == XLOGDATA_TAG:
+                    if n < XLOGDATA_PAYLOAD_OFFSET:
+                        raise self._protocol_error(f"XLogData frame of {n} bytes")
+                    wal_start, wal_end, _send_time = unpack_header(frame, 1)
+                    if wal_end > self._server_wal_end:
+                        self._server_wal_end = wal_end
+                    yield frame[XLOGDATA_PAYLOAD_OFFSET:], wal_start, wal_end
+                    since_clock_check += 1
+                    if since_clock_check >= _FRAMES_PER_CLOCK_CHECK:
+                        since_clock_check = 0
+                        if clock() >= self._next_status_at:
+                            self.send_status()
+                elif tag == KEEPALIVE_TAG:
+                    self._on_keepalive(parse_keepalive(frame))
+                else:
+                    raise self._protocol_error(f"unknown CopyData tag {bytes(frame[:1])!r}")
+            elif n == 0:
+                # libpq's buffer is drained: the only place we wait on the socket.
+                now = clock()
+                if now >= self._next_status_at:
+                    self.send_status()
+                    now = clock()
+                conn.wait_readable(max(0.0, self._next_status_at - now), lsn=self._confirmed)
+            else:
+                raise conn.copy_ended(lsn=self._confirmed)
+
+    def _on_keepalive(self, keepalive: Keepalive) -> None:
+        self._last_keepalive = keepalive
+        self._last_keepalive_at = self._clock()
+        if keepalive.wal_end > self._server_wal_end:
+            self._server_wal_end = keepalive.wal_end
+        if keepalive.reply_requested:
+            # The server is about to time us out (wal_sender_timeout): answer at once.
+            self.send_status()
+
+    def _protocol_error(self, detail: str) -> ReplicationError:
+        return ReplicationError(
+            ErrorKind.PROTOCOL, detail, slot=self._config.slot, lsn=self._confirmed
+        )
+
+    # --- resilience ----------------------------------------------------------------------------
+
+    def _drop_connection(self) -> None:
+        self._streaming = False
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _reconnect(self, cause: ReplicationError) -> None:
+        self._drop_connection()
+        policy = self._config.reconnect
+        last = cause
+        for attempt, delay in enumerate(policy.delays(), start=1):
+            log.warning(
+                "replication connection lost; reconnecting",
+                extra={
+                    "slot": self._config.slot,
+                    "lsn": format_lsn(self._resume_lsn()),
+                    "attempt": attempt,
+                    "max_attempts": policy.max_attempts,
+                    "delay_s": delay,
+                    "error": str(last),
+                },
+            )
+            self._sleep(delay)
+            if self._closed:
+                return
+            try:
+                self._start()
+            except ReplicationError as exc:
+                # The terminated walsender may still hold the slot for a moment.
+                if not (exc.retriable or exc.kind is ErrorKind.SLOT_ACTIVE):
+                    self._drop_connection()
+                    raise
+                self._drop_connection()
+                last = exc
+                continue
+            self.reconnects += 1
+            if self._on_reconnect is not None:
+                self._on_reconnect(self._resume_lsn())
+            return
+        raise ReplicationError(
+            ErrorKind.CONNECTION,
+            f"gave up reconnecting after {policy.max_attempts} attempts",
+            slot=self._config.slot,
+            lsn=self._resume_lsn(),
+            server_message=last.server_message,
+            sqlstate=last.sqlstate,
+        ) from last
+
+    def close(self) -> None:
+        """Report the confirmed LSN one last time, end COPY (CopyDone), drain, disconnect."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._conn is not None and self._streaming:
+                self.send_status()
+                self._conn.end_copy(timeout=_END_COPY_TIMEOUT, lsn=self._confirmed)
+        except ReplicationError as exc:
+            if not exc.retriable:
+                raise
+            # Already disconnected: nothing left to end. The slot keeps the last confirmed
+            # LSN it received, so the next start resends anything after it.
+            log.warning(
+                "connection was already lost while closing",
+                extra={
+                    "slot": self._config.slot,
+                    "lsn": format_lsn(self._confirmed),
+                    "error": str(exc),
+                },
+            )
+        finally:
+            self._drop_connection()
