@@ -1,0 +1,66 @@
+"""DSN handling: passwords never reach logs; replication=database is added (no services)."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from producer.replication import ErrorKind, ReplicationError
+from producer.replication.dsn import redact_dsn, replication_conninfo, sql_conninfo
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db user=u password=hunter2 dbname=app",
+        "postgresql://u:hunter2@db:5432/app",
+        "postgresql://u@db/app?password=hunter2&sslpassword=hunter2",
+    ],
+)
+def test_redact_dsn_hides_passwords(dsn: str) -> None:
+    redacted = redact_dsn(dsn)
+    assert "hunter2" not in redacted
+    assert "***" in redacted
+    assert conninfo_to_dict(redacted)["user"] == "u"
+
+
+def test_unparsable_dsn_does_not_echo_it() -> None:
+    with pytest.raises(ReplicationError) as info:
+        redact_dsn("host=db password='hunter2")
+    assert info.value.kind is ErrorKind.CONFIG
+    assert "hunter2" not in str(info.value)
+
+
+def test_replication_conninfo_adds_database_mode() -> None:
+    params = conninfo_to_dict(
+        replication_conninfo(
+            "host=db dbname=app", application_name="wb", connect_timeout=7
+        ).decode()
+    )
+    assert params == {
+        "host": "db",
+        "dbname": "app",
+        "replication": "database",
+        "application_name": "wb",
+        "connect_timeout": "7",
+    }
+
+
+def test_caller_settings_win() -> None:
+    params = conninfo_to_dict(
+        replication_conninfo(
+            "host=db application_name=mine connect_timeout=3",
+            application_name="wb",
+            connect_timeout=7,
+        ).decode()
+    )
+    assert (params["application_name"], params["connect_timeout"]) == ("mine", "3")
+
+
+def test_sql_conninfo_drops_replication() -> None:
+    params = conninfo_to_dict(
+        sql_conninfo("host=db replication=database", application_name="wb", connect_timeout=7)
+    )
+    assert "replication" not in params
