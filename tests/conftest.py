@@ -1,0 +1,92 @@
+"""Session-wide fixtures: the real local stack, started once per test session when needed.
+
+If WALBRIDGE_PG_DSN, WALBRIDGE_KAFKA_BOOTSTRAP and WALBRIDGE_SCHEMA_REGISTRY_URL are all set, the
+tests use those services and never start or stop anything. Otherwise the first test that needs a
+service runs `deploy/local/stack up`, and the session stops at the end only the services it started.
+Unit tests (tests/unit) never touch the stack.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = ROOT / "deploy" / "local" / "stack"
+ENV_KEYS = ("WALBRIDGE_PG_DSN", "WALBRIDGE_KAFKA_BOOTSTRAP", "WALBRIDGE_SCHEMA_REGISTRY_URL")
+
+
+@dataclass(frozen=True)
+class Stack:
+    pg_dsn: str
+    kafka_bootstrap: str
+    registry_url: str
+    managed: bool  # True when this test session started (some of) the services itself
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run `deploy/local/stack <args>` (outage tests stop and start single services)."""
+        if not self.managed:
+            pytest.fail("this test stops and starts services, so it needs the stack started by the tests")
+        return subprocess.run([str(STACK), *args], check=True, text=True, capture_output=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The directory decides the kind, so a forgotten marker can't put a service test among unit tests.
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT).parts
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e"):
+            item.add_marker(getattr(pytest.mark, parts[1]))
+
+
+def _running_services() -> set[str]:
+    out = subprocess.run([str(STACK), "status"], text=True, capture_output=True).stdout
+    return {m.group(1) for m in re.finditer(r"^(\w+)\s+running\b", out, re.MULTILINE)}
+
+
+def _stack_env() -> dict[str, str]:
+    out = subprocess.run([str(STACK), "env"], check=True, text=True, capture_output=True).stdout
+    return dict(re.findall(r"^export (\w+)='([^']*)'$", out, re.MULTILINE))
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    if all(os.environ.get(k) for k in ENV_KEYS):
+        yield Stack(
+            os.environ["WALBRIDGE_PG_DSN"],
+            os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
+            os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"],
+            managed=False,
+        )
+        return
+    before = _running_services()
+    proc = subprocess.run([str(STACK), "up"], text=True, capture_output=True)
+    if proc.returncode != 0:
+        pytest.fail(f"deploy/local/stack up failed:\n{proc.stderr}", pytrace=False)
+    env = _stack_env()
+    try:
+        yield Stack(env[ENV_KEYS[0]], env[ENV_KEYS[1]], env[ENV_KEYS[2]], managed=True)
+    finally:
+        started = [s for s in ("postgres", "kafka", "registry") if s not in before]
+        if started:
+            subprocess.run([str(STACK), "down", *started], text=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(stack: Stack) -> str:
+    return stack.pg_dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: Stack) -> str:
+    return stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def registry_url(stack: Stack) -> str:
+    return stack.registry_url

@@ -1,0 +1,57 @@
+"""Spark smoke test: Kafka source + Delta MERGE with jars resolved from Maven Central."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+
+from spark_consumer.session import build_session
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = build_session("walbridge-smoke")
+    yield session
+
+
+def test_kafka_batch_read_then_delta_merge(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> None:
+    from delta.tables import DeltaTable
+
+    topic = f"smoke.spark.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+    for i in range(10):
+        producer.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
+    assert producer.flush(30) == 0
+
+    rows = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+        .selectExpr("CAST(CAST(key AS STRING) AS INT) AS id", "CAST(value AS STRING) AS value")
+    )
+    assert rows.count() == 10
+
+    path = str(tmp_path / "delta")
+    spark.createDataFrame([(1, "old"), (99, "untouched")], "id INT, value STRING").write.format("delta").save(path)
+    target = DeltaTable.forPath(spark, path)
+    (
+        target.alias("t")
+        .merge(rows.alias("s"), "t.id = s.id")
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    result = {r.id: r.value for r in spark.read.format("delta").load(path).collect()}
+    assert result == {**{i: f"v{i}" for i in range(10)}, 99: "untouched"}
+    assert target.history().count() == 2
