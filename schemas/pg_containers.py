@@ -1,0 +1,230 @@
+"""Arrays, composite values and hstore: split the container, convert each element.
+
+Hand-written parsers for the array and record text/binary formats: psycopg's array and
+composite loaders load the elements with psycopg's own scalar loaders (which reject BC
+dates, 24:00:00, fold interval months...) and drop array lower bounds, so here the container
+is only *split* and each element goes through the column's element converter.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from psycopg.types.hstore import HstoreLoader
+
+Convert = Callable[[bytes], Any]
+
+_I32: Final = struct.Struct("!i")
+_III: Final = struct.Struct("!iii")
+_II: Final = struct.Struct("!ii")
+_UI: Final = struct.Struct("!Ii")
+
+_BACKSLASH, _QUOTE, _LBRACE, _RBRACE = 0x5C, 0x22, 0x7B, 0x7D
+
+
+def _array_record(dims: list[int], lower_bounds: list[int], elements: list[Any]) -> dict[str, Any]:
+    return {"dims": dims, "lower_bounds": lower_bounds, "elements": elements}
+
+
+def array_text(convert: Convert, delimiter: bytes = b",") -> Convert:
+    """``{...}`` text (optionally ``[l:u]...=`` decorated) -> {dims, lower_bounds, elements}."""
+    delim = delimiter[0]
+
+    def parse(data: bytes) -> dict[str, Any]:
+        lower: list[int] | None = None
+        if data[:1] == b"[":  # explicit bounds, e.g. '[0:2]={1,2,3}'
+            decoration, _, data = data.partition(b"=")
+            lower = [int(part.split(b":")[0]) for part in decoration[1:-1].split(b"][")]
+        if data == b"{}":
+            return _array_record([], [], [])
+        if b'"' not in data and b"\\" not in data and data.count(b"{") == 1:
+            # One dimension, nothing quoted: the common case, split without a char loop.
+            raw: list[bytes | None] = [
+                None if item == b"NULL" else item for item in data[1:-1].split(delimiter)
+            ]
+            dims = [len(raw)]
+        else:
+            raw, dims = _split_nested(data, delim)
+        elements = [None if item is None else convert(item) for item in raw]
+        return _array_record(dims, lower if lower is not None else [1] * len(dims), elements)
+
+    return parse
+
+
+def _split_nested(data: bytes, delim: int) -> tuple[list[bytes | None], list[int]]:
+    """Flatten a (multi-dimensional) array literal into raw element texts, in row-major order."""
+    elements: list[bytes | None] = []
+    depth = 0
+    max_depth = 0
+    counts: dict[int, int] = {}  # depth -> items seen in the current sub-array at that depth
+    dims: dict[int, int] = {}
+    i, n = 0, len(data)
+    while i < n:
+        ch = data[i]
+        if ch == _LBRACE:
+            if depth:
+                counts[depth] = counts.get(depth, 0) + 1
+            depth += 1
+            max_depth = max(max_depth, depth)
+            counts[depth] = 0
+            i += 1
+        elif ch == _RBRACE:
+            dims.setdefault(depth, counts[depth])
+            depth -= 1
+            i += 1
+        elif ch == delim or ch in b" \t\n":
+            i += 1
+        else:
+            item = bytearray()
+            quoted = ch == _QUOTE
+            if quoted:
+                i += 1
+                while data[i] != _QUOTE:
+                    if data[i] == _BACKSLASH:
+                        i += 1
+                    item.append(data[i])
+                    i += 1
+                i += 1
+            else:
+                while data[i] != delim and data[i] != _RBRACE:
+                    if data[i] == _BACKSLASH:
+                        i += 1
+                    item.append(data[i])
+                    i += 1
+                item = bytearray(bytes(item).rstrip())
+            counts[depth] += 1
+            elements.append(None if not quoted and item == b"NULL" else bytes(item))
+    return elements, [dims[d] for d in range(1, max_depth + 1)]
+
+
+def array_binary(convert: Convert) -> Convert:
+    """array_send format: ndim, has-null flag, element oid, (size, lower bound) per dim, items."""
+
+    def parse(data: bytes) -> dict[str, Any]:
+        ndim, _flags, _elem_oid = _III.unpack_from(data, 0)
+        pos = 12
+        dims: list[int] = []
+        lower: list[int] = []
+        for _ in range(ndim):
+            size, lbound = _II.unpack_from(data, pos)
+            dims.append(size)
+            lower.append(lbound)
+            pos += 8
+        total = 1
+        for size in dims:
+            total *= size
+        elements: list[Any] = []
+        append = elements.append
+        for _ in range(total if ndim else 0):
+            (length,) = _I32.unpack_from(data, pos)
+            pos += 4
+            if length < 0:
+                append(None)
+            else:
+                append(convert(data[pos : pos + length]))
+                pos += length
+        return _array_record(dims, lower, elements)
+
+    return parse
+
+
+def composite_text(names: tuple[str, ...], converters: tuple[Convert, ...]) -> Convert:
+    """record_out format ``(a,"b c",,"")``: empty unquoted = NULL, quoted "" = empty string."""
+
+    def parse(data: bytes) -> dict[str, Any]:
+        raw = _split_record(data)
+        if len(raw) != len(names):
+            raise ValueError(f"record has {len(raw)} fields, the type has {len(names)}")
+        return {
+            name: None if item is None else conv(item)
+            for name, conv, item in zip(names, converters, raw, strict=True)
+        }
+
+    return parse
+
+
+def _split_record(data: bytes) -> list[bytes | None]:
+    if data[:1] != b"(" or data[-1:] != b")":
+        raise ValueError("record text is not parenthesised")
+    fields: list[bytes | None] = []
+    i, n = 1, len(data) - 1
+    while True:
+        item = bytearray()
+        seen_quote = False
+        while i < n and data[i] != 0x2C:  # ','
+            ch = data[i]
+            if ch == _QUOTE:
+                seen_quote = True
+                i += 1
+                while True:
+                    if data[i] == _QUOTE:
+                        if data[i + 1] == _QUOTE:  # "" inside quotes is a literal quote
+                            item.append(_QUOTE)
+                            i += 2
+                            continue
+                        i += 1
+                        break
+                    if data[i] == _BACKSLASH:
+                        i += 1
+                    item.append(data[i])
+                    i += 1
+            else:
+                if ch == _BACKSLASH:
+                    i += 1
+                item.append(data[i])
+                i += 1
+        fields.append(bytes(item) if item or seen_quote else None)
+        if i >= n:
+            return fields
+        i += 1  # skip ','
+
+
+def composite_binary(names: tuple[str, ...], converters: tuple[Convert, ...]) -> Convert:
+    """record_send format: field count, then (type oid, length or -1, bytes) per field."""
+
+    def parse(data: bytes) -> dict[str, Any]:
+        (count,) = _I32.unpack_from(data, 0)
+        if count != len(names):
+            raise ValueError(f"record has {count} fields, the type has {len(names)}")
+        pos = 4
+        out: dict[str, Any] = {}
+        for name, conv in zip(names, converters, strict=True):
+            _oid, length = _UI.unpack_from(data, pos)
+            pos += 8
+            if length < 0:
+                out[name] = None
+            else:
+                out[name] = conv(data[pos : pos + length])
+                pos += length
+        return out
+
+    return parse
+
+
+_hstore_loader: Final = HstoreLoader(0, None)
+
+
+def hstore_text(data: bytes) -> dict[str, str | None]:
+    result: dict[str, str | None] = _hstore_loader.load(data)
+    return result
+
+
+def hstore_binary(data: bytes) -> dict[str, str | None]:
+    """hstore_send: count, then (key length, key, value length or -1, value); psycopg has no binary loader."""
+    (count,) = _I32.unpack_from(data, 0)
+    pos = 4
+    out: dict[str, str | None] = {}
+    for _ in range(count):
+        (klen,) = _I32.unpack_from(data, pos)
+        key = data[pos + 4 : pos + 4 + klen].decode()
+        pos += 4 + klen
+        (vlen,) = _I32.unpack_from(data, pos)
+        pos += 4
+        if vlen < 0:
+            out[key] = None
+        else:
+            out[key] = data[pos : pos + vlen].decode()
+            pos += vlen
+    return out
