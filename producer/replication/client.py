@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from types import TracebackType
+from typing import overload
 
 import psycopg
 
@@ -123,9 +124,17 @@ class ReplicationClient:
 
     # --- streaming ---------------------------------------------------------------------------
 
-    def stream(self, start_lsn: int = 0) -> Iterator[Change]:
-        """START_REPLICATION at ``start_lsn`` (0: where the slot's confirmed_flush_lsn is) and
-        yield ``(payload, wal_start, wal_end)``. Reconnects resume from the confirmed LSN."""
+    @overload
+    def stream(self, start_lsn: int = 0, *, idle_after: None = None) -> Iterator[Change]: ...
+    @overload
+    def stream(self, start_lsn: int = 0, *, idle_after: float) -> Iterator[Change | None]: ...
+
+    def stream(
+        self, start_lsn: int = 0, *, idle_after: float | None = None
+    ) -> Iterator[Change] | Iterator[Change | None]:
+        """START_REPLICATION at ``start_lsn`` (0: the slot's confirmed_flush_lsn) and yield
+        ``(payload, wal_start, wal_end)``; with ``idle_after``, also ``None`` after that many
+        seconds without data. Reconnects resume from the confirmed LSN."""
         if self._stream is not None:
             raise ReplicationError(
                 ErrorKind.CONFIG, "stream() was already started", slot=self._config.slot
@@ -139,7 +148,9 @@ class ReplicationClient:
             on_reconnect=self._on_reconnect,
         )
         self._conn = None  # owned by the stream from now on
-        return iter(self._stream)
+        if idle_after is None:
+            return iter(self._stream)
+        return self._stream.with_idle(idle_after)
 
     def _reconnect(self) -> WalsenderConnection:
         conn = WalsenderConnection.connect(self._conninfo, slot=self._config.slot)

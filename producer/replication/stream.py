@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -109,11 +110,26 @@ class ReplicationStream:
     # --- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Change]:
+        """Changes only; waits on an idle server indefinitely (status updates continue)."""
+        return self._run(None)  # type: ignore[return-value]  # no idle_after: never yields None
+
+    def with_idle(self, idle_after: float) -> Iterator[Change | None]:
+        """Changes, plus ``None`` after each ``idle_after`` seconds without one, so the caller
+        gets control on a quiet server (to confirm ``server_wal_end``, flush, or stop)."""
+        if not (math.isfinite(idle_after) and idle_after > 0):
+            raise ReplicationError(
+                ErrorKind.CONFIG,
+                f"idle_after must be > 0 seconds, got {idle_after!r}",
+                slot=self._config.slot,
+            )
+        return self._run(idle_after)
+
+    def _run(self, idle_after: float | None) -> Iterator[Change | None]:
         while not self._closed:
             try:
                 if not self._streaming:
                     self._start()
-                yield from self._receive()
+                yield from self._receive(math.inf if idle_after is None else idle_after)
             except ReplicationError as exc:
                 if not exc.retriable or self._closed:
                     raise
@@ -139,12 +155,13 @@ class ReplicationStream:
             },
         )
 
-    def _receive(self) -> Iterator[Change]:
+    def _receive(self, idle_after: float) -> Iterator[Change | None]:
         conn = self._conn
         assert conn is not None
         get_copy_data = conn.pgconn.get_copy_data
         unpack_header = XLOGDATA_HEADER.unpack_from
         clock = self._clock
+        last_data_at = clock()
         while not self._closed:
             try:
                 n, frame = get_copy_data(1)
@@ -161,7 +178,8 @@ class ReplicationStream:
                     yield frame[XLOGDATA_PAYLOAD_OFFSET:], wal_start, wal_end
                     # A stream that never drains must still report on time; a clock read
                     # is ~1% of the per-message cost, cheaper than being timed out.
-                    if clock() >= self._next_status_at:
+                    last_data_at = clock()
+                    if last_data_at >= self._next_status_at:
                         self.send_status()
                 elif tag == KEEPALIVE_TAG:
                     self._on_keepalive(parse_keepalive(frame))
@@ -173,7 +191,13 @@ class ReplicationStream:
                 if now >= self._next_status_at:
                     self.send_status()
                     now = clock()
-                conn.wait_readable(max(0.0, self._next_status_at - now), lsn=self._confirmed)
+                idle_at = last_data_at + idle_after
+                if now >= idle_at:
+                    last_data_at = now
+                    yield None
+                    continue
+                timeout = min(self._next_status_at, idle_at) - now
+                conn.wait_readable(timeout, lsn=self._confirmed)
             else:
                 raise conn.copy_ended(lsn=self._confirmed)
 

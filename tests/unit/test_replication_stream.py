@@ -300,3 +300,36 @@ def test_close_reports_final_position_then_ends_copy() -> None:
     assert status_flush_lsn(conn.sent[-1]) == 0x77
     assert conn.ended and conn.closed
     assert list(it) == []  # the iterator ends after close()
+
+
+def test_with_idle_yields_none_when_quiet_and_keeps_reporting() -> None:
+    clock = FakeClock()
+    conn = FakeConn(
+        [
+            xlogdata(1, 1, b"a"),
+            keepalive(0x40, reply=False),
+            WAIT,
+            WAIT,
+            WAIT,
+            WAIT,
+            xlogdata(2, 2, b"b"),
+        ],
+        clock,
+    )
+    stream = make_stream([conn], clock, interval=10.0)
+    it = stream.with_idle(3.0)
+    assert next(it) is not None
+    assert next(it) is None  # 3 s without data (keepalives don't count)
+    assert stream.server_wal_end == 0x40
+    stream.confirm(stream.server_wal_end)  # what a producer with nothing in flight may do
+    assert next(it) is None
+    item = next(it)
+    assert item is not None and bytes(item[0]) == b"b"
+    # Waited 3 s, went idle, waited 3 s, idle again: the socket wait is bounded by idle_after.
+    assert conn.waits == [3.0, 3.0]
+
+
+def test_with_idle_rejects_non_positive() -> None:
+    clock = FakeClock()
+    with pytest.raises(ReplicationError):
+        make_stream([FakeConn([], clock)], clock).with_idle(0)
