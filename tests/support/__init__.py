@@ -1,0 +1,1 @@
+"""Test helpers shared by the test suites (no tests in here)."""
