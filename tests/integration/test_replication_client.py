@@ -1,0 +1,367 @@
+"""The replication client against the real PostgreSQL: slot and publication set-up, refusals,
+confirm moving confirmed_flush_lsn, clean shutdown and reconnecting after the server kills the
+walsender. pg_replication_slots / pg_publication are the oracle."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from producer.pgoutput import Begin, Commit, Decoder, Insert, PgOutputMessage, Relation, parse_lsn
+from producer.replication import (
+    ErrorKind,
+    ReconnectPolicy,
+    ReplicationClient,
+    ReplicationConfig,
+    ReplicationError,
+    TableName,
+)
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class Env:
+    dsn: str
+    admin: psycopg.Connection
+    slot: str
+    publication: str
+    schema: str
+
+    def config(self, *tables: str, **overrides: Any) -> ReplicationConfig:
+        settings: dict[str, Any] = {
+            "slot": self.slot,
+            "publication": self.publication,
+            "tables": tuple(TableName(self.schema, t) for t in tables),
+            "status_interval": 0.5,
+            "reconnect": ReconnectPolicy(initial_delay=0.2, max_delay=1.0, max_attempts=20),
+        }
+        settings.update(overrides)
+        return ReplicationConfig(**settings)
+
+    def write(self, statement: str | sql.Composed | sql.SQL) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as db:
+            db.execute(statement)
+
+    def slot_row(self) -> tuple[bool, int | None, int | None]:
+        """(active, active_pid, confirmed_flush_lsn) from pg_replication_slots."""
+        row = self.admin.execute(
+            "SELECT active, active_pid, confirmed_flush_lsn::text FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            (self.slot,),
+        ).fetchone()
+        assert row is not None, f"slot {self.slot} does not exist"
+        return bool(row[0]), row[1], parse_lsn(row[2]) if row[2] else None
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not condition():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def env(pg_dsn: str) -> Iterator[Env]:
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        e = Env(pg_dsn, admin, unique("c_slot"), unique("c_pub"), unique("c_schema"))
+        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(e.schema)))
+        admin.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(e.schema, "t"))
+        )
+        try:
+            yield e
+        finally:
+            # Terminate a walsender a failed test may have left, so the slot can be dropped.
+            admin.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (e.slot,),
+            )
+            e.wait_for(
+                lambda: (
+                    not admin.execute(
+                        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
+                        (e.slot,),
+                    ).fetchone()
+                ),
+                "the slot to be released",
+            )
+            admin.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                " WHERE slot_name = %s",
+                (e.slot,),
+            )
+            admin.execute(
+                sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(e.publication))
+            )
+            admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(e.schema)))
+
+
+def insert(env: Env, *ids: int) -> None:
+    table = sql.Identifier(env.schema, "t")
+    env.write(
+        sql.SQL("INSERT INTO {} VALUES {}").format(
+            table, sql.SQL(", ").join(sql.SQL("({})").format(sql.Literal(i)) for i in ids)
+        )
+    )
+
+
+def read_until_commit(stream: Iterator[Any], decoder: Decoder) -> list[PgOutputMessage]:
+    """Decode one whole transaction (Begin..Commit) from the stream."""
+    messages: list[PgOutputMessage] = []
+    deadline = time.monotonic() + TIMEOUT
+    for item in stream:
+        if item is not None:
+            messages.append(decoder.decode(item[0]))
+            if isinstance(messages[-1], Commit):
+                return messages
+        if time.monotonic() > deadline:
+            break
+    pytest.fail(f"no Commit within {TIMEOUT}s; got {[type(m).__name__ for m in messages]}")
+
+
+def inserted_ids(messages: list[PgOutputMessage]) -> list[int]:
+    return [int(m.new[0].data) for m in messages if isinstance(m, Insert)]  # type: ignore[union-attr]
+
+
+def set_up(env: Env, client: ReplicationClient) -> None:
+    client.open()
+    client.ensure_publication()
+    client.ensure_slot()
+
+
+# --- slot -----------------------------------------------------------------------------------
+
+
+def test_slot_created_with_exported_snapshot_then_reused(env: Env) -> None:
+    insert(env, 1, 2)
+    with ReplicationClient(env.dsn, env.config("t")) as client:
+        identity = client.open()
+        assert identity.dbname == env.admin.info.dbname
+        client.ensure_publication()
+        slot = client.ensure_slot(export_snapshot=True)
+        assert slot.created and slot.snapshot_name
+        assert slot.consistent_point is not None
+        assert env.slot_row()[2] == slot.consistent_point
+        insert(env, 3)  # after the slot: streamed, so not in the snapshot
+        with psycopg.connect(env.dsn) as snap:
+            snap.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            snap.execute(
+                sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(slot.snapshot_name))
+            )
+            (rows,) = snap.execute(
+                sql.SQL("SELECT array_agg(id ORDER BY id) FROM {}").format(
+                    sql.Identifier(env.schema, "t")
+                )
+            ).fetchone() or (None,)
+        assert rows == [1, 2]
+        messages = read_until_commit(client.stream(idle_after=0.2), Decoder())
+        assert inserted_ids(messages) == [3]  # snapshot + stream = every row exactly once
+
+    with ReplicationClient(env.dsn, env.config("t")) as again:
+        again.open()
+        reused = again.ensure_slot(export_snapshot=True)
+        assert not reused.created and reused.snapshot_name is None
+        assert reused.confirmed_flush_lsn == slot.consistent_point  # nothing confirmed yet
+
+
+def test_refuses_slot_active_in_another_process(env: Env) -> None:
+    with ReplicationClient(env.dsn, env.config("t")) as first:
+        set_up(env, first)
+        stream = first.stream(idle_after=0.2)
+        assert next(stream) is None  # streaming, idle
+        _, pid, _ = env.slot_row()
+        assert pid is not None
+        with ReplicationClient(env.dsn, env.config("t")) as second:
+            second.open()
+            with pytest.raises(ReplicationError) as info:
+                second.ensure_slot()
+            assert info.value.kind is ErrorKind.SLOT_ACTIVE
+            assert f"pid {pid}" in str(info.value) and env.slot in str(info.value)
+            # Skipping the check, the server itself refuses START_REPLICATION.
+            with pytest.raises(ReplicationError) as info:
+                next(second.stream())
+            assert info.value.kind is ErrorKind.SLOT_ACTIVE
+            assert f"PID {pid}" in (info.value.server_message or "")
+
+
+def test_refuses_slot_of_another_plugin(env: Env) -> None:
+    env.admin.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (env.slot,))
+    with ReplicationClient(env.dsn, env.config("t")) as client:
+        client.open()
+        with pytest.raises(ReplicationError) as info:
+            client.ensure_slot()
+    assert info.value.kind is ErrorKind.SLOT_MISMATCH
+    assert "test_decoding" in str(info.value)
+
+
+# --- publication ------------------------------------------------------------------------------
+
+
+def test_hostile_names_are_quoted_end_to_end(env: Env) -> None:
+    table = 'we"ird tab; DROP TABLE x; --'
+    publication = 'pub "x"; DROP'
+    env.admin.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(env.schema, table))
+    )
+    config = env.config(table, publication=publication)
+    try:
+        with ReplicationClient(env.dsn, config) as client:
+            set_up(env, client)
+            (pub,) = env.admin.execute(
+                "SELECT pubname FROM pg_publication WHERE pubname = %s", (publication,)
+            ).fetchone() or (None,)
+            assert pub == publication
+            env.write(
+                sql.SQL("INSERT INTO {} VALUES (7)").format(sql.Identifier(env.schema, table))
+            )
+            messages = read_until_commit(client.stream(idle_after=0.2), Decoder())
+        (rel,) = [m for m in messages if isinstance(m, Relation)]
+        assert (rel.namespace, rel.name) == (env.schema, table)
+        assert inserted_ids(messages) == [7]
+    finally:
+        env.admin.execute(
+            sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication))
+        )
+
+
+def test_publication_for_all_tables_then_reused(env: Env) -> None:
+    with ReplicationClient(env.dsn, env.config(publish_via_partition_root=True)) as client:
+        created = client.ensure_publication()
+        reused = client.ensure_publication()
+    assert created.created and created.all_tables and created.publish_via_partition_root
+    assert not reused.created and reused.all_tables
+    assert TableName(env.schema, "t") in created.tables
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"publish_via_partition_root": True}, "publish_via_partition_root"),
+        ({"tables": (TableName("public", "not_in_it"),)}, "does not include public.not_in_it"),
+    ],
+)
+def test_existing_publication_that_differs_is_refused(
+    env: Env, overrides: dict[str, Any], message: str
+) -> None:
+    env.admin.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(env.publication), sql.Identifier(env.schema, "t")
+        )
+    )
+    with (
+        ReplicationClient(env.dsn, env.config("t", **overrides)) as client,
+        pytest.raises(ReplicationError, match=message) as info,
+    ):
+        client.ensure_publication()
+    assert info.value.kind is ErrorKind.PUBLICATION
+
+
+def test_missing_table_reported_with_server_message(env: Env) -> None:
+    with (
+        ReplicationClient(env.dsn, env.config("no_such_table")) as client,
+        pytest.raises(ReplicationError) as info,
+    ):
+        client.ensure_publication()
+    assert info.value.kind is ErrorKind.PUBLICATION
+    assert "does not exist" in (info.value.server_message or "")
+
+
+def test_stream_error_names_slot_lsn_and_server_message(env: Env) -> None:
+    # No publication: pgoutput fails when it meets the first change.
+    with ReplicationClient(env.dsn, env.config("t")) as client:
+        client.open()
+        client.ensure_slot()
+        insert(env, 1)
+        with pytest.raises(ReplicationError) as info:
+            for _ in client.stream():
+                pass
+    error = info.value
+    assert error.kind is ErrorKind.SERVER and not error.retriable
+    assert error.slot == env.slot and error.lsn is not None
+    assert f'publication "{env.publication}" does not exist' in (error.server_message or "")
+    assert f"slot '{env.slot}'" in str(error) and "lsn 0/0" in str(error)
+
+
+# --- streaming: confirm, close, reconnect --------------------------------------------------------
+
+
+def test_confirm_moves_confirmed_flush_lsn_and_nothing_else_does(env: Env) -> None:
+    with ReplicationClient(env.dsn, env.config("t")) as client:
+        set_up(env, client)
+        _, _, created_at = env.slot_row()
+        insert(env, 1)
+        stream = client.stream(idle_after=0.2)
+        commit = read_until_commit(stream, Decoder())[-1]
+        assert isinstance(commit, Commit)
+        # Several status updates and idle periods later, without confirm(): unchanged.
+        for _ in range(6):
+            assert next(stream) is None
+        assert client.server_wal_end >= commit.end_lsn
+        assert env.slot_row()[2] == created_at
+        client.confirm(commit.end_lsn)
+        client.send_status()
+        env.wait_for(lambda: env.slot_row()[2] == commit.end_lsn, "confirmed_flush_lsn to move")
+        assert client.confirmed_lsn == commit.end_lsn
+
+
+def test_close_ends_copy_and_reports_final_position(env: Env) -> None:
+    client = ReplicationClient(env.dsn, env.config("t", status_interval=3600.0))
+    set_up(env, client)
+    insert(env, 1)
+    stream = client.stream(idle_after=0.2)
+    commit = read_until_commit(stream, Decoder())[-1]
+    assert isinstance(commit, Commit)
+    client.confirm(commit.end_lsn)  # the hour-long interval means only close() can report it
+    client.close()
+    assert list(stream) == []
+    env.wait_for(lambda: not env.slot_row()[0], "the slot to be released")
+    assert env.slot_row()[2] == commit.end_lsn
+
+
+def test_reconnects_after_walsender_is_terminated_and_resumes_from_confirmed(env: Env) -> None:
+    resumed: list[int] = []
+    with ReplicationClient(env.dsn, env.config("t"), on_reconnect=resumed.append) as client:
+        set_up(env, client)
+        decoder = Decoder()
+        stream = client.stream(idle_after=0.2)
+        insert(env, 1)
+        first = read_until_commit(stream, decoder)
+        client.confirm(first[-1].end_lsn)  # type: ignore[union-attr]
+        client.send_status()
+        env.wait_for(lambda: env.slot_row()[2] == client.confirmed_lsn, "the confirm to arrive")
+        insert(env, 2)
+        second = read_until_commit(stream, decoder)  # received, never confirmed
+        assert inserted_ids(second) == [2]
+
+        _, pid, _ = env.slot_row()
+        (terminated,) = env.admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() or (
+            False,
+        )
+        assert terminated
+        insert(env, 3)
+
+        decoder = Decoder()  # what on_reconnect tells a producer to do: start clean
+        again = read_until_commit(stream, decoder)
+        then = read_until_commit(stream, decoder)
+        assert client.reconnects == 1 and resumed == [first[-1].end_lsn]  # type: ignore[union-attr]
+        # The unconfirmed transaction comes again, the confirmed one does not.
+        assert inserted_ids(again) == [2] and inserted_ids(then) == [3]
+        assert isinstance(again[0], Begin) and isinstance(second[0], Begin)
+        assert again[0].final_lsn == second[0].final_lsn
+        _, new_pid, _ = env.slot_row()
+        assert new_pid not in (None, pid)
