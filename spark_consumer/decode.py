@@ -1,0 +1,70 @@
+"""Decode framed Avro with Spark: one writer schema id at a time, in the JVM (from_avro).
+
+Input rows are Kafka rows of one topic and one value schema id, with the working columns
+`_vid` (value schema id) and `_first_seen`. Undecodable bodies become rows with `_ok = false`
+(PERMISSIVE mode) so the caller can name them and stop or quarantine; nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
+
+from spark_consumer import envelope as E
+from spark_consumer.conversions import FieldConversions
+from spark_consumer.framing import body_col
+
+ENV = "_env"
+
+
+def with_envelope_from_avro(rows: DataFrame, schema_text: str) -> DataFrame:
+    return rows.withColumn(
+        ENV, from_avro(body_col(F.col("value")), schema_text, {"mode": "PERMISSIVE"})
+    )
+
+
+def _coords() -> list[Column]:
+    return [
+        F.col("topic").alias(E.TOPIC),
+        F.col("partition").alias(E.PARTITION),
+        F.col("offset").alias(E.OFFSET),
+        F.col("_first_seen").alias(E.FIRST_SEEN),
+    ]
+
+
+def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
+                 conversions: FieldConversions) -> DataFrame:
+    """Flatten decoded envelopes: meta columns + one column per source column.
+
+    The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
+    REPLICA IDENTITY FULL); t carries no row.
+    """
+    env = F.col(ENV)
+    row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
+    return decoded.select(
+        *_coords(),
+        env["source"]["schema"].alias(E.SCHEMA),
+        env["source"]["table"].alias(E.TABLE),
+        env["transaction"]["id"].alias(E.TX_ID),
+        env["source"]["commit_lsn"].alias(E.COMMIT_LSN),
+        env["transaction"]["total_order"].alias(E.TOTAL_ORDER),
+        env["op"].alias(E.OP),
+        env["source"]["ts_ms"].alias(E.TS_MS),
+        F.coalesce(env["unchanged_toast"], F.array().cast("array<string>")).alias(E.TOAST),
+        env.isNotNull().alias(E.OK),
+        *[conversions.apply(row[f.name], f) for f in fields],
+    )
+
+
+def markers(decoded: DataFrame) -> DataFrame:
+    env = F.col(ENV)
+    return decoded.select(
+        *_coords(),
+        env["status"].alias("_status"),
+        env["id"].alias(E.TX_ID),
+        env["commit_lsn"].alias(E.COMMIT_LSN),
+        env["event_count"].alias("_event_count"),
+        env["data_collections"].alias("_data_collections"),
+        env.isNotNull().alias(E.OK),
+    )

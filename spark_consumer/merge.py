@@ -1,0 +1,231 @@
+"""Apply one table's changes of a batch to its Delta table with one guarded MERGE.
+
+- Several changes to one key collapse to the last by (commit_lsn, total_order).
+- c/r upsert, u update, d delete; a key change arrives as d(old key) + c(new key).
+- t deletes every target row older than the truncate (by the dedup key), so a replay of the
+  truncate cannot remove rows written after it.
+- Columns in `unchanged_toast` keep the value of the latest earlier change in the batch that
+  carried one, else the target's value; an update that would have to invent one is an error.
+- Matched rows change only if the source's (commit_lsn, total_order) is greater: replay is a
+  no-op. Tables without a key are append-only, deduplicated on (commit_lsn, total_order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
+
+from spark_consumer import envelope as E
+from spark_consumer.errors import ApplyError
+
+KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
+
+
+@dataclass(frozen=True)
+class TableChanges:
+    schema: str
+    table: str
+    path: str
+    key: tuple[str, ...]
+    columns: tuple[str, ...]  # source columns present in this batch, in order
+    changes: DataFrame  # meta columns + source columns, already limited to applicable txs
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+def _sql_path(path: str) -> str:
+    return "delta.`" + path.replace("`", "``") + "`"
+
+
+def _order(prefix: str = "") -> Column:
+    return F.struct(F.col(prefix + E.COMMIT_LSN), F.col(prefix + E.TOTAL_ORDER))
+
+
+def _newer(s: str = "s.", t: str = "t.") -> str:
+    return (f"({s}{E.COMMIT_LSN} > {t}{E.COMMIT_LSN} OR ({s}{E.COMMIT_LSN} = {t}{E.COMMIT_LSN}"
+            f" AND {s}{E.TOTAL_ORDER} > {t}{E.TOTAL_ORDER}))")
+
+
+def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
+    """Create the table, or add columns it lacks (schema evolution; dropped ones stay)."""
+    src_types: dict[str, DataType] = {
+        f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns
+    }
+    meta = [StructField(E.COMMIT_LSN, LongType(), False), StructField(E.TOTAL_ORDER, LongType(), False),
+            StructField(E.OP, StringType(), True), StructField(E.TS_MS, LongType(), True)]
+    if not DeltaTable.isDeltaTable(spark, tc.path):
+        schema = StructType([StructField(c, src_types[c], True) for c in tc.columns] + meta)
+        (DeltaTable.createIfNotExists(spark).location(tc.path).addColumns(schema)
+         .property(KEY_PROPERTY, ",".join(tc.key)).execute())
+    table = DeltaTable.forPath(spark, tc.path)
+    existing = {f.name for f in table.toDF().schema.fields}
+    new = [c for c in tc.columns if c not in existing]
+    if new:
+        cols = ", ".join(f"`{c}` {src_types[c].simpleString()}" for c in new)
+        spark.sql(f"ALTER TABLE {_sql_path(tc.path)} ADD COLUMNS ({cols})")
+        table = DeltaTable.forPath(spark, tc.path)
+    return table
+
+
+def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:
+    """The key recorded at creation, or None when the table does not exist yet."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    props = spark.sql(f"SHOW TBLPROPERTIES {_sql_path(path)}").collect()
+    value = next((r["value"] for r in props if r["key"] == KEY_PROPERTY), "")
+    return tuple(c for c in value.split(",") if c)
+
+
+def _truncate_point(changes: DataFrame) -> tuple[int, int] | None:
+    row = (changes.filter(F.col(E.OP) == "t")
+           .agg(F.max(_order()).alias("t")).first())
+    if row is None or row["t"] is None:
+        return None
+    return int(row["t"][0]), int(row["t"][1])
+
+
+def _after(point: tuple[int, int]) -> Column:
+    lsn, order = point
+    return (F.col(E.COMMIT_LSN) > lsn) | (
+        (F.col(E.COMMIT_LSN) == lsn) & (F.col(E.TOTAL_ORDER) > order))
+
+
+def _before_sql(point: tuple[int, int], t: str = "t.") -> str:
+    lsn, order = point
+    return (f"({t}{E.COMMIT_LSN} < {lsn} OR ({t}{E.COMMIT_LSN} = {lsn}"
+            f" AND {t}{E.TOTAL_ORDER} < {order}))")
+
+
+def _toast_columns(changes: DataFrame, columns: tuple[str, ...]) -> list[str]:
+    row = changes.agg(F.array_distinct(F.flatten(F.collect_set(E.TOAST))).alias("c")).first()
+    named = set(row["c"] or ()) if row else set()
+    unknown = named - set(columns)
+    if unknown:
+        raise ApplyError(f"unchanged_toast names unknown column(s) {sorted(unknown)}")
+    return [c for c in columns if c in named]
+
+
+def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
+             toast_cols: list[str]) -> DataFrame:
+    """Last change per key; unchanged TOAST columns resolved from earlier changes in the batch.
+
+    For each TOAST column X: `_has_X` tells whether some change of this key carried X (the
+    latest such value is used); otherwise the MERGE keeps the target's value.
+    """
+    last_cols = [c for c in (*columns, *E.LAKE_META, E.TOAST) if c not in key]
+    aggs = [F.max_by(F.struct(*[F.col(c) for c in last_cols]), _order()).alias("_last")]
+    for c in toast_cols:
+        carried = (F.col(E.OP) != "d") & ~F.array_contains(F.col(E.TOAST), c)
+        order_if = F.when(carried, _order())
+        # max_by ignores rows whose ordering value is null, i.e. changes that did not carry X.
+        aggs.append(F.max_by(F.struct(F.col(c).alias("v")), order_if).alias(f"_v_{c}"))
+        aggs.append(F.max(carried.cast("int")).alias(f"_has_{c}"))
+    grouped = changes.groupBy(*key).agg(*aggs)
+    exprs: list[Column] = []
+    for c in (*key, *last_cols):
+        if c in toast_cols:
+            exprs.append(F.when(F.col(f"_has_{c}") == 1, F.col(f"_v_{c}")["v"])
+                         .otherwise(F.col("_last")[c]).alias(c))
+            exprs.append((F.col(f"_has_{c}") == 1).alias(f"_has_{c}"))
+        elif c in key:
+            exprs.append(F.col(c))
+        else:
+            exprs.append(F.col("_last")[c].alias(c))
+    return grouped.select(*exprs)
+
+
+def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
+    table = ensure_table(spark, tc)
+    target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    changes = tc.changes
+    point = _truncate_point(changes)
+    if point is not None:
+        changes = changes.filter(_after(point))
+    changes = changes.filter(F.col(E.OP).isin("c", "r", "u", "d"))
+    toast_cols = _toast_columns(changes, tc.columns)
+    source = collapse(changes, tc.key, tc.columns, toast_cols)
+    if toast_cols:
+        _check_toast_targets(table, source, tc, toast_cols)
+
+    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key)
+    newer = _newer()
+
+    def value(c: str, matched: bool) -> str:
+        if c not in tc.columns:
+            return "NULL"  # a column the writer no longer has: dropped at the source
+        if c in toast_cols:
+            keep = f"t.`{c}`" if matched else "NULL"
+            return f"CASE WHEN array_contains(s.{E.TOAST}, '{c}') AND NOT s.`_has_{c}` THEN {keep} ELSE s.`{c}` END"
+        return f"s.`{c}`"
+
+    sets: dict[str, str | Column] = {f"`{c}`": value(c, True) for c in target_cols if c not in tc.key}
+    sets.update({m: f"s.{m}" for m in E.LAKE_META})
+    inserts: dict[str, str | Column] = {f"`{c}`": value(c, False) for c in target_cols}
+    inserts.update({m: f"s.{m}" for m in E.LAKE_META})
+
+    merge = (
+        table.alias("t").merge(source.alias("s"), on)
+        .whenMatchedDelete(f"s.{E.OP} = 'd' AND {newer}")
+        .whenMatchedUpdate(f"s.{E.OP} <> 'd' AND {newer}", sets)
+        .whenNotMatchedInsert(f"s.{E.OP} <> 'd'", inserts)
+    )
+    if point is not None:
+        merge = merge.whenNotMatchedBySourceDelete(_before_sql(point))
+    merge.execute()
+
+
+def _check_toast_targets(table: DeltaTable, source: DataFrame, tc: TableChanges,
+                         toast_cols: list[str]) -> None:
+    """An update keeping an unchanged TOAST value needs the target row; never invent one."""
+    needs = F.lit(False)
+    for c in toast_cols:
+        needs = needs | (F.array_contains(E.TOAST, c) & ~F.col(f"_has_{c}"))
+    orphan = (source.filter(needs & (F.col(E.OP) != "d"))
+              .join(table.toDF().select(*tc.key), list(tc.key), "left_anti")
+              .select(*tc.key, E.COMMIT_LSN).limit(3).collect())
+    if orphan:
+        raise ApplyError(
+            f"table {tc.name}: update with unchanged TOAST value(s) for key(s) not in the lake: "
+            + "; ".join(f"{r.asDict()} at commit_lsn {r[E.COMMIT_LSN]}" for r in orphan)
+        )
+
+
+def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
+    """Tables without a key: every change is a row; (commit_lsn, total_order) dedups replays."""
+    table = ensure_table(spark, tc)
+    target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    changes = tc.changes
+    point = _truncate_point(changes)
+    if point is not None:
+        table.delete(_before_sql(point, t=""))
+        changes = changes.filter(_after(point))
+    rows = changes.filter(F.col(E.OP) != "t").dropDuplicates([E.COMMIT_LSN, E.TOTAL_ORDER])
+    inserts: dict[str, str | Column] = {
+        f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols
+    }
+    inserts.update({m: f"s.{m}" for m in E.LAKE_META})
+    (table.alias("t").merge(
+        rows.alias("s"),
+        f"t.{E.COMMIT_LSN} = s.{E.COMMIT_LSN} AND t.{E.TOTAL_ORDER} = s.{E.TOTAL_ORDER}")
+     .whenNotMatchedInsert(values=inserts).execute())
+
+
+def apply(spark: SparkSession, tc: TableChanges) -> int:
+    """Apply and return the table's Delta version afterwards."""
+    if tc.key:
+        apply_keyed(spark, tc)
+    else:
+        apply_append_only(spark, tc)
+    return table_version(spark, tc.path)
+
+
+def table_version(spark: SparkSession, path: str) -> int:
+    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    assert row is not None
+    return int(row["version"])

@@ -1,0 +1,42 @@
+"""Durable state for records of incomplete transactions: the Delta table
+`<lake>/_walbridge/pending` holds the raw Kafka records (not yet applied), overwritten by each
+batch; the progress row names the version that belongs to it, so a batch that failed half way
+is re-run from the state of the last good batch."""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+RAW_SCHEMA = StructType([
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("offset", LongType(), False),
+    StructField("key", BinaryType(), True),
+    StructField("value", BinaryType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("_first_seen", LongType(), False),  # epoch ms when first read by the consumer
+])
+
+
+def load(spark: SparkSession, path: str, version: int | None) -> DataFrame:
+    if version is None or not DeltaTable.isDeltaTable(spark, path):
+        return spark.createDataFrame([], RAW_SCHEMA)
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def save(spark: SparkSession, path: str, rows: DataFrame) -> int:
+    """Overwrite with the records still waiting; returns the new table version."""
+    rows.select(*RAW_SCHEMA.fieldNames()).write.format("delta").mode("overwrite").save(path)
+    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    assert row is not None
+    return int(row["version"])

@@ -1,0 +1,88 @@
+"""The progress table `<lake>/_walbridge/progress`: one row per applied batch.
+
+A reader wanting every table at one source transaction boundary takes the row with the largest
+`batch_id` and reads each table `VERSION AS OF table_versions['schema.table']`; all of them then
+hold exactly the transactions committed at or before `commit_lsn`. `pending_version` is the
+version of the pending table (incomplete transactions) that goes with this row, so a restart
+resumes from the state of the last completed batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+PROGRESS_SCHEMA = StructType([
+    StructField("batch_id", LongType(), False),
+    StructField("commit_lsn", LongType(), False),
+    StructField("table_versions", MapType(StringType(), LongType()), False),
+    StructField("kafka_offsets", StringType(), False),
+    StructField("applied_at", TimestampType(), False),
+    StructField("pending_version", LongType(), True),
+    StructField("applied_transactions", LongType(), False),
+    StructField("pending_transactions", LongType(), False),
+    StructField("pending_oldest_age_s", DoubleType(), True),
+])
+
+NO_LSN = -1  # watermark before anything was applied
+
+
+@dataclass(frozen=True)
+class Progress:
+    batch_id: int = -1
+    commit_lsn: int = NO_LSN
+    table_versions: dict[str, int] = field(default_factory=dict)
+    kafka_offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    pending_version: int | None = None
+
+
+def latest(spark: SparkSession, path: str) -> Progress:
+    if not DeltaTable.isDeltaTable(spark, path):
+        return Progress()
+    row = spark.read.format("delta").load(path).orderBy(F.desc("batch_id")).limit(1).first()
+    if row is None:
+        return Progress()
+    return Progress(
+        batch_id=row["batch_id"],
+        commit_lsn=row["commit_lsn"],
+        table_versions=dict(row["table_versions"]),
+        kafka_offsets=json.loads(row["kafka_offsets"]),
+        pending_version=row["pending_version"],
+    )
+
+
+def merge_offsets(before: dict[str, dict[str, int]],
+                  batch: list[tuple[str, int, int]]) -> dict[str, dict[str, int]]:
+    """Next offset to read per topic and partition, after this batch's (topic, partition, max)."""
+    out = {t: dict(p) for t, p in before.items()}
+    for topic, partition, max_offset in batch:
+        parts = out.setdefault(topic, {})
+        parts[str(partition)] = max(parts.get(str(partition), 0), max_offset + 1)
+    return out
+
+
+def append(spark: SparkSession, path: str, batch_id: int, progress: Progress,
+           applied_transactions: int, pending_transactions: int,
+           pending_oldest_age_s: float | None) -> None:
+    row = (batch_id, progress.commit_lsn, progress.table_versions,
+           json.dumps(progress.kafka_offsets, sort_keys=True),
+           datetime.now(UTC).replace(tzinfo=None), progress.pending_version,
+           applied_transactions, pending_transactions, pending_oldest_age_s)
+    (spark.createDataFrame([row], PROGRESS_SCHEMA).write.format("delta").mode("append")
+     # Delta's idempotent writes: a re-run of the same batch id appends nothing.
+     .option("txnAppId", "walbridge-progress").option("txnVersion", batch_id)
+     .save(path))
