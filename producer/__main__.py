@@ -1,0 +1,58 @@
+"""``python -m producer run [flags]`` / ``walbridge-producer [run] [flags]``.
+
+Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for a configuration error, 1 when the
+pipeline stopped on a failure (nothing past the failure was confirmed to PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from producer.config import load_config
+from producer.errors import ConfigError, ProducerError
+from producer.logging_setup import setup_logging
+from producer.pgoutput import DecodeError
+from producer.pipeline import Pipeline, ShutdownRequested, install_signal_handlers
+from producer.replication import ReplicationError
+from schemas.errors import SchemaError
+
+log = logging.getLogger("producer")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "run":
+        args = args[1:]
+    try:
+        config = load_config(args, os.environ)
+    except ConfigError as exc:
+        print(f"walbridge-producer: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    pipeline = Pipeline(config)
+    restore = install_signal_handlers(pipeline)
+    try:
+        pipeline.setup()
+        with contextlib.suppress(ShutdownRequested):
+            pipeline.run()
+        pipeline.drain()
+        return 0
+    except (ProducerError, ReplicationError, SchemaError, DecodeError) as exc:
+        pipeline.health.stopped = str(exc)
+        log.error(
+            "producer stopped on a failure", extra={"error": str(exc), "kind": type(exc).__name__}
+        )
+        return 1
+    finally:
+        try:
+            pipeline.close()
+        finally:
+            restore()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Producer configuration: one spec per setting, read from a flag or its WALBRIDGE_* variable.
+
+Fails fast (DESIGN.md style rule 7): an unknown WALBRIDGE_* variable, a flag and a variable
+that disagree, or settings that contradict each other are errors before any I/O.
+Every setting ``x_y`` has the flag ``--x-y`` and the variable ``WALBRIDGE_X_Y``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Final
+
+from producer.errors import ConfigError
+
+ENV_PREFIX: Final = "WALBRIDGE_"
+COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# WALBRIDGE_* variables owned by other walbridge tools (local stack, Spark consumer); the
+# producer shares their environment (`eval "$(deploy/local/stack env)"`), so they are not typos.
+FOREIGN_ENV: Final = frozenset(
+    {
+        "WALBRIDGE_HOME", "WALBRIDGE_PG_PORT", "WALBRIDGE_KAFKA_PORT",
+        "WALBRIDGE_KAFKA_CONTROLLER_PORT", "WALBRIDGE_REGISTRY_PORT", "WALBRIDGE_KAFKA_HEAP",
+        "WALBRIDGE_REGISTRY_HEAP", "WALBRIDGE_STACK_TIMEOUT", "WALBRIDGE_MAVEN_ARGS",
+        "WALBRIDGE_JAVA", "WALBRIDGE_DOWNLOADS", "WALBRIDGE_PYTHON",
+        "WALBRIDGE_LAKE_PATH", "WALBRIDGE_CHECKPOINT_PATH", "WALBRIDGE_TRIGGER",
+        "WALBRIDGE_AVAILABLE_NOW", "WALBRIDGE_QUARANTINE_PATH", "WALBRIDGE_DECODER",
+        "WALBRIDGE_MAX_PENDING_RECORDS", "WALBRIDGE_MAX_PENDING_AGE_S",
+        "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER", "WALBRIDGE_SPARK_MASTER",
+        "WALBRIDGE_SPARK_DRIVER_MEMORY", "WALBRIDGE_SPARK_CONNECTOR_VERSION",
+    }
+)  # fmt: skip
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    pg_dsn: str
+    kafka_bootstrap: str
+    schema_registry_url: str
+    publication: str = "walbridge"
+    slot: str = "walbridge"
+    tables: str = ""  # comma-separated schema.table; empty = all tables
+    topic_prefix: str = ""  # empty: the database name
+    metrics_port: int = 9464  # 0: no HTTP endpoint
+    metrics_host: str = "0.0.0.0"
+    create_topics: bool = True
+    topic_partitions: int = 3
+    topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
+    topic_retention_ms: int = 0  # 0: the broker's default
+    compression: str = "lz4"
+    linger_ms: int = 10
+    queue_max_messages: int = 100_000  # librdkafka's local queue bound (back-pressure)
+    message_timeout_ms: int = 300_000  # a delivery failing for this long stops the producer
+    kafka_config: str = ""  # extra librdkafka settings "k=v,k=v" (TLS, SASL, ...)
+    registry_max_attempts: int = 0  # per registry call; 0 = retry an outage forever
+    messages: bool = True  # publish pg_logical_emit_message records
+    heartbeat_interval_s: float = 10.0  # 0: no heartbeat records
+    idle_after_s: float = 1.0  # quiet time after which in-flight state and WAL end are confirmed
+    status_interval_s: float = 10.0  # Standby Status Update period (< wal_sender_timeout)
+    lag_interval_s: float = 10.0  # slot lag query period
+    shutdown_grace_s: float = 30.0  # SIGTERM: flush for at most this long
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url", "publication", "slot"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name} is required (flag --{_flag(name)} or {env_name(name)})")
+        if self.compression not in COMPRESSION_CODECS:
+            raise ConfigError(
+                f"compression must be one of {COMPRESSION_CODECS}, got {self.compression!r}"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
+        _at_least("topic_partitions", self.topic_partitions, 1)
+        _at_least("linger_ms", self.linger_ms, 0)
+        _at_least("queue_max_messages", self.queue_max_messages, 1)
+        _at_least("message_timeout_ms", self.message_timeout_ms, 0)
+        _at_least("registry_max_attempts", self.registry_max_attempts, 0)
+        _at_least("topic_retention_ms", self.topic_retention_ms, -1)
+        if self.topic_replication_factor == 0 or self.topic_replication_factor < -1:
+            raise ConfigError(
+                f"topic_replication_factor must be >= 1 or -1 (broker default), got {self.topic_replication_factor}"
+            )
+        for name in ("heartbeat_interval_s", "shutdown_grace_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be >= 0 seconds, got {value!r}")
+        for name in ("idle_after_s", "status_interval_s", "lag_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+        if self.idle_after_s > self.status_interval_s:
+            raise ConfigError(
+                f"idle_after_s ({self.idle_after_s}) must not exceed status_interval_s ({self.status_interval_s})"
+            )
+        parse_kafka_config(self.kafka_config)
+
+    def librdkafka_extra(self) -> dict[str, str]:
+        return parse_kafka_config(self.kafka_config)
+
+
+# Settings whose librdkafka keys the producer sets itself: overriding them would break the
+# delivery guarantee or the partitioning contract.
+RESERVED_KAFKA_KEYS: Final = frozenset(
+    {
+        "enable.idempotence", "acks", "request.required.acks", "partitioner",
+        "max.in.flight.requests.per.connection", "max.in.flight", "retries",
+        "message.send.max.retries", "bootstrap.servers", "on_delivery", "error_cb",
+    }
+)  # fmt: skip
+
+
+def parse_kafka_config(text: str) -> dict[str, str]:
+    extra: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError(f"kafka_config item {item!r} is not key=value")
+        if key in RESERVED_KAFKA_KEYS:
+            raise ConfigError(f"kafka_config must not set {key!r}: the producer sets it itself")
+        extra[key] = value.strip()
+    return extra
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+_FIELDS = {f.name: f for f in fields(ProducerConfig)}
+_PARSERS: Final[dict[str, Callable[[str], Any]]] = {
+    "int": int,
+    "float": float,
+    "bool": _bool,
+    "str": str,
+}
+
+
+def _parser_for(name: str) -> Callable[[str], Any]:
+    return _PARSERS[str(_FIELDS[name].type)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="walbridge-producer run",
+        description="Stream PostgreSQL changes to Kafka as Avro events. Every flag --x-y can "
+        "also be set as WALBRIDGE_X_Y.",
+        allow_abbrev=False,
+    )
+    for name, spec in _FIELDS.items():
+        kind = str(spec.type)
+        if kind == "bool":
+            parser.add_argument(
+                f"--{_flag(name)}", dest=name, default=None, action=argparse.BooleanOptionalAction,
+                help=f"env {env_name(name)} (default {spec.default})",
+            )  # fmt: skip
+        else:
+            default = "required" if spec.default is MISSING else spec.default
+            parser.add_argument(
+                f"--{_flag(name)}", dest=name, default=None, type=_parser_for(name),
+                help=f"env {env_name(name)} (default {default})",
+            )  # fmt: skip
+    return parser
+
+
+def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
+    """Flags first, then WALBRIDGE_* variables, then defaults; see the module doc for errors."""
+    known_env = {env_name(name) for name in _FIELDS}
+    unknown = sorted(
+        k for k in env if k.startswith(ENV_PREFIX) and k not in known_env and k not in FOREIGN_ENV
+    )
+    if unknown:
+        raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
+    try:
+        flags = vars(build_parser().parse_args(list(argv)))
+    except SystemExit as exc:  # argparse already printed the reason
+        raise ConfigError(f"invalid command line: {' '.join(argv)}") from exc
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        raw_env = env.get(env_name(name))
+        from_env = None
+        if raw_env is not None and raw_env != "":
+            try:
+                from_env = _parser_for(name)(raw_env)
+            except ValueError as exc:
+                raise ConfigError(f"{env_name(name)}: {exc}") from exc
+        from_flag = flags[name]
+        if from_flag is not None and from_env is not None and from_flag != from_env:
+            shown = "***" if name == "pg_dsn" else f"{from_env!r} vs {from_flag!r}"
+            raise ConfigError(f"--{_flag(name)} and {env_name(name)} disagree ({shown}); set one")
+        value = from_flag if from_flag is not None else from_env
+        if value is not None:
+            values[name] = value
+    if values.get("create_topics") is False:
+        clashing = [
+            f"--{_flag(n)}" for n in ("topic_partitions", "topic_replication_factor", "topic_retention_ms")
+            if n in values
+        ]  # fmt: skip
+        if clashing:
+            raise ConfigError(
+                f"{', '.join(clashing)} only apply when topics are created; "
+                "they conflict with --no-create-topics"
+            )
+    for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url"):
+        if name not in values:
+            raise ConfigError(f"{name} is required (flag --{_flag(name)} or {env_name(name)})")
+    return ProducerConfig(**values)

@@ -1,0 +1,66 @@
+"""The producer's error hierarchy: one base class, one subclass per way the pipeline stops.
+
+Each error names what an operator needs to act (topic, table, LSN, setting), in its message
+and as attributes. Errors of the replication client and the schemas package are not wrapped:
+they already carry the slot, table and LSN involved.
+"""
+
+from __future__ import annotations
+
+from producer.pgoutput import format_lsn
+
+
+def _lsn(lsn: int | None) -> str:
+    return "unknown" if lsn is None else format_lsn(lsn)
+
+
+class ProducerError(Exception):
+    """Base class of every error raised by the producer's own modules."""
+
+
+class ConfigError(ProducerError):
+    """Invalid, unknown or conflicting configuration, found before any I/O."""
+
+
+class DeliveryError(ProducerError):
+    """Kafka refused or timed out an event: nothing at or after ``commit_lsn`` is confirmed."""
+
+    def __init__(self, topic: str, table: str, commit_lsn: int | None, detail: str) -> None:
+        self.topic = topic
+        self.table = table
+        self.commit_lsn = commit_lsn
+        self.detail = detail
+        super().__init__(
+            f"delivery to topic {topic!r} (table {table}) failed for the transaction "
+            f"committed at LSN {_lsn(commit_lsn)}: {detail}; nothing from this transaction "
+            f"on is confirmed to PostgreSQL, so a restart resends it"
+        )
+
+
+class TopicError(ProducerError):
+    """A topic is missing (with topic creation off) or could not be created."""
+
+    def __init__(self, topic: str, detail: str) -> None:
+        self.topic = topic
+        self.detail = detail
+        super().__init__(f"topic {topic!r}: {detail}")
+
+
+class StreamStateError(ProducerError):
+    """The replication stream broke the order the producer relies on (e.g. a change outside a
+    transaction, or a streamed-transaction message while streaming is off)."""
+
+    def __init__(self, detail: str, lsn: int | None) -> None:
+        self.detail = detail
+        self.lsn = lsn
+        super().__init__(f"{detail} (at LSN {_lsn(lsn)})")
+
+
+class EventError(ProducerError):
+    """A change could not be turned into an event (e.g. an unknown relation id)."""
+
+    def __init__(self, table: str, lsn: int | None, detail: str) -> None:
+        self.table = table
+        self.lsn = lsn
+        self.detail = detail
+        super().__init__(f"{table} at LSN {_lsn(lsn)}: {detail}")

@@ -1,0 +1,168 @@
+"""Row changes -> Debezium-style event records (Avro-ready dicts). Pure, no I/O.
+
+``before`` follows the table's replica identity (DESIGN.md, issue 5):
+
+- DEFAULT / USING INDEX: the old tuple is key-only ('K'): ``before`` holds the key columns
+  (the others null) on delete, and an update that changes the key becomes a delete of the old
+  key followed by a create of the new one (so each Kafka key sees its own lifecycle). An
+  update that keeps the key has ``before`` null.
+- FULL: the whole old row ('O') on update and delete. When the table has a primary key the
+  producer keys FULL tables by it (see pipeline) and splits key changes the same way;
+  without one the key is every column and updates stay updates.
+- NOTHING (or DEFAULT without a primary key): ``before`` null, null Kafka key (append-only).
+
+Unchanged TOAST columns are listed in ``unchanged_toast`` and are null in ``after``; the
+consumer keeps the value it has (null there never means "set to NULL").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from producer.pgoutput import UNCHANGED_TOAST, Delete, Insert, TupleData, Update
+from schemas.relation import RelationCodec
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    op: str  # c, u, d
+    key: Row | None  # None: the table has no replica identity (null Kafka key)
+    before: Row | None
+    after: Row | None
+    unchanged_toast: list[str]
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What event building needs to know about one table (one Relation message)."""
+
+    codec: RelationCodec
+    replica_identity: str  # 'd', 'n', 'f', 'i' (pg_class.relreplident)
+    key_positions: tuple[int, ...]  # the Kafka key's columns
+    split_key_changes: bool  # an update changing these columns -> delete + create
+
+    @property
+    def keyed(self) -> bool:
+        return self.codec.convert_key is not None
+
+    @classmethod
+    def of(cls, codec: RelationCodec, replica_identity: str) -> TableShape:
+        positions = tuple(i for i, c in enumerate(codec.columns) if c.is_key)
+        # FULL marks every column as identity; a key change is only meaningful for a narrower key.
+        split = bool(positions) and (replica_identity != "f" or len(positions) < len(codec.columns))
+        return cls(codec, replica_identity, positions, split)
+
+
+def _key(shape: TableShape, values: TupleData, lsn: int) -> Row | None:
+    convert: Callable[..., Row] | None = shape.codec.convert_key
+    return None if convert is None else convert(values, lsn)
+
+
+def key_changed(positions: Sequence[int], old: TupleData, new: TupleData) -> bool:
+    """Did any key column change? An unchanged-TOAST new value is unchanged by definition."""
+    for i in positions:
+        new_value = new[i]
+        if new_value is UNCHANGED_TOAST:
+            continue
+        if old[i] != new_value:
+            return True
+    return False
+
+
+def insert_changes(shape: TableShape, message: Insert, lsn: int) -> tuple[RowChange, ...]:
+    after, toast = shape.codec.convert_row(message.new, lsn)
+    return (RowChange("c", _key(shape, message.new, lsn), None, after, toast),)
+
+
+def update_changes(shape: TableShape, message: Update, lsn: int) -> tuple[RowChange, ...]:
+    codec = shape.codec
+    old = message.old
+    new = message.new
+    after, toast = codec.convert_row(new, lsn)
+    if old is None:
+        # Key unchanged (DEFAULT/INDEX), or no identity at all (NOTHING).
+        return (RowChange("u", _key(shape, new, lsn), None, after, toast),)
+    old_key = _key(shape, old, lsn)
+    if shape.split_key_changes and key_changed(shape.key_positions, old, new):
+        before, old_toast = codec.convert_row(old, lsn)
+        return (
+            RowChange("d", old_key, before, None, old_toast),
+            RowChange("c", _key(shape, new, lsn), None, after, toast),
+        )
+    old_row = codec.convert_row(old, lsn)[0] if message.old_kind == "O" else None
+    # The old tuple's key: a TOASTed key column that did not change is 'u' in the new tuple.
+    return (RowChange("u", old_key, old_row, after, toast),)
+
+
+def delete_changes(shape: TableShape, message: Delete, lsn: int) -> tuple[RowChange, ...]:
+    before, toast = shape.codec.convert_row(message.old, lsn)
+    return (RowChange("d", _key(shape, message.old, lsn), before, None, toast),)
+
+
+def source_block(
+    *,
+    version: str,
+    prefix: str,
+    db: str,
+    schema: str,
+    table: str,
+    ts_ms: int,
+    xid: int | None,
+    lsn: int | None,
+    commit_lsn: int | None,
+) -> Row:
+    return {
+        "version": version,
+        "connector": "postgresql",
+        "name": prefix,
+        "ts_ms": ts_ms,
+        "snapshot": "false",
+        "db": db,
+        "sequence": None,
+        "schema": schema,
+        "table": table,
+        "txId": xid,
+        "lsn": lsn,
+        "commit_lsn": commit_lsn,
+        "xmin": None,
+    }
+
+
+def envelope(change: RowChange, source: Row, transaction: Row | None, ts_ms: int) -> Row:
+    return {
+        "before": change.before,
+        "after": change.after,
+        "source": source,
+        "op": change.op,
+        "ts_ms": ts_ms,
+        "transaction": transaction,
+        "unchanged_toast": change.unchanged_toast,
+    }
+
+
+def truncate_envelope(source: Row, transaction: Row | None, ts_ms: int) -> Row:
+    return {
+        "before": None,
+        "after": None,
+        "source": source,
+        "op": "t",
+        "ts_ms": ts_ms,
+        "transaction": transaction,
+        "unchanged_toast": [],
+    }
+
+
+def message_envelope(
+    prefix: str, content: bytes, source: Row, transaction: Row | None, ts_ms: int
+) -> Row:
+    return {
+        "op": "m",
+        "ts_ms": ts_ms,
+        "source": source,
+        "message": {"prefix": prefix, "content": content},
+        "transaction": transaction,
+    }

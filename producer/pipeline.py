@@ -1,0 +1,563 @@
+"""The producer loop: replication stream -> events -> Kafka, confirming only what Kafka acked.
+
+Protocol 1 without streaming or two-phase: PostgreSQL sends each transaction whole at its
+commit, in commit order, and Begin carries the commit LSN, so events are produced while they
+are decoded (memory stays bounded by librdkafka's queue, whatever the transaction size) and
+no transaction state outlives its Commit. Streaming (v2) would interleave uncommitted
+transactions and force buffering or reordering; two-phase (v3) would publish prepared
+transactions that may still roll back.
+
+Transactions that publish no event (other tables, DDL only) get no markers; their end LSN
+is still confirmed once everything before them is acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from importlib import metadata
+from types import FrameType
+from typing import Any
+
+from producer.config import ProducerConfig
+from producer.delivery import DeliveryTracker, Ticket
+from producer.errors import StreamStateError
+from producer.events import (
+    Row,
+    RowChange,
+    delete_changes,
+    envelope,
+    insert_changes,
+    message_envelope,
+    source_block,
+    truncate_envelope,
+    update_changes,
+)
+from producer.health import HealthServer, HealthState
+from producer.kafka_sink import DeliveryCallback, KafkaSink, producer_settings
+from producer.lag import LagMonitor
+from producer.metrics import Metrics
+from producer.pgoutput import (
+    Begin,
+    Commit,
+    Decoder,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    Relation,
+    Truncate,
+    Type,
+    Update,
+    format_lsn,
+)
+from producer.replication import ReplicationClient, ReplicationConfig
+from producer.sql_session import SqlSession
+from producer.tables import TableRoute, TableRoutes
+from producer.topics import (
+    TopicManager,
+    TopicPolicy,
+    heartbeat_topic,
+    message_topic,
+    transaction_topic,
+)
+from producer.transactions import Transaction
+from schemas.catalog import on_type_message
+from schemas.envelope import (
+    heartbeat_schema,
+    message_envelope_schema,
+    message_key_schema,
+    transaction_key_schema,
+    transaction_metadata_schema,
+)
+from schemas.registry import RegistryConfig, SchemaRegistry, key_subject, value_subject
+from schemas.type_catalog import TypeCatalog
+from schemas.wire import AvroEncoder
+
+log = logging.getLogger(__name__)
+
+_POLL_EVERY = 1024  # serve delivery reports at least this often inside big transactions
+
+
+def _version() -> str:
+    try:
+        return metadata.version("walbridge")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ShutdownRequested(Exception):
+    """SIGTERM/SIGINT while waiting for room in Kafka's queue."""
+
+
+class Pipeline:
+    def __init__(self, config: ProducerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.health = HealthState(stall_after_s=max(120.0, 4 * config.status_interval_s))
+        self.tracker = DeliveryTracker()
+        self.decoder = Decoder()
+        self.stop_requested = False
+        self.version = _version()
+        self._tx: Transaction | None = None
+        self._ticket: Ticket | None = None
+        self._callback: DeliveryCallback | None = None
+        self._skipping = False  # a transaction resent after a reconnect, already produced
+        self._last_commit_lsn = 0
+        self._since_poll = 0
+        self._next_heartbeat = 0.0
+        self._next_status = 0.0
+        self.client: ReplicationClient | None = None
+        self.sink: KafkaSink | None = None
+        self._http: HealthServer | None = None
+        self._lag: LagMonitor | None = None
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.registry = SchemaRegistry(
+            RegistryConfig(url=cfg.schema_registry_url, max_attempts=cfg.registry_max_attempts),
+            on_call=lambda op, _subject: self.metrics.registry_calls.labels(op).inc(),
+            on_retry=self._on_registry_retry,
+        )
+        if cfg.metrics_port:
+            self._http = HealthServer(
+                cfg.metrics_host, cfg.metrics_port, self.health, self.metrics.registry
+            )
+            self._http.start()
+        repl = ReplicationConfig.from_mapping(
+            {
+                "slot": cfg.slot,
+                "publication": cfg.publication,
+                "tables": cfg.tables,
+                "proto_version": 1,
+                "messages": cfg.messages,
+                "status_interval": cfg.status_interval_s,
+                "application_name": "walbridge_producer",
+            }
+        )
+        self.client = ReplicationClient(cfg.pg_dsn, repl, on_reconnect=self._on_reconnect)
+        identity = self.client.open()
+        self.db = identity.dbname
+        self.prefix = cfg.topic_prefix or identity.dbname
+        self.client.ensure_publication()
+        slot = self.client.ensure_slot()
+        log.info(
+            "slot ready",
+            extra={"slot": slot.slot_name, "created": slot.created, "prefix": self.prefix},
+        )
+        from confluent_kafka.admin import AdminClient
+
+        extra = cfg.librdkafka_extra()
+        self.topics = TopicManager(
+            AdminClient({**extra, "bootstrap.servers": cfg.kafka_bootstrap}),
+            TopicPolicy(
+                cfg.create_topics,
+                cfg.topic_partitions,
+                cfg.topic_replication_factor,
+                cfg.topic_retention_ms,
+            ),
+        )
+        self.tx_topic = transaction_topic(self.prefix)
+        self.hb_topic = heartbeat_topic(self.prefix)
+        self.msg_topic = message_topic(self.prefix)
+        self.topics.ensure(
+            [self.tx_topic, self.hb_topic] + ([self.msg_topic] if cfg.messages else [])
+        )
+        self._register_fixed_schemas()
+        self.sink = KafkaSink(
+            producer_settings(cfg),
+            self.tracker,
+            self.prefix,
+            on_delivery_error=lambda topic: self.metrics.delivery_errors.labels(topic).inc(),
+        )
+        self.sql = SqlSession(cfg.pg_dsn, "walbridge_catalog")
+        self.catalog = TypeCatalog()
+        self.tables = TableRoutes(
+            prefix=self.prefix,
+            catalog=self.catalog,
+            sql=self.sql,
+            registry=self.registry,
+            topics=self.topics,
+            source_for=self._source_for,
+        )
+        self._lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, self.metrics)
+        self._lag.start()
+
+    def _register_fixed_schemas(self) -> None:
+        reg = self.registry
+        self.tx_key = AvroEncoder(
+            transaction_key_schema(),
+            reg.register(key_subject(self.tx_topic), transaction_key_schema()),
+        )
+        self.tx_value = AvroEncoder(
+            transaction_metadata_schema(),
+            reg.register(value_subject(self.tx_topic), transaction_metadata_schema()),
+        )
+        self.hb_value = AvroEncoder(
+            heartbeat_schema(), reg.register(value_subject(self.hb_topic), heartbeat_schema())
+        )
+        if self.config.messages:
+            self.msg_key = AvroEncoder(
+                message_key_schema(),
+                reg.register(key_subject(self.msg_topic), message_key_schema()),
+            )
+            envelope_schema = message_envelope_schema(self.msg_topic)
+            self.msg_value = AvroEncoder(
+                envelope_schema, reg.register(value_subject(self.msg_topic), envelope_schema)
+            )
+
+    def _source_for(self, schema: str, table: str) -> Row:
+        return source_block(
+            version=self.version, prefix=self.prefix, db=self.db, schema=schema, table=table,
+            ts_ms=0, xid=None, lsn=None, commit_lsn=None,
+        )  # fmt: skip
+
+    def _on_registry_retry(
+        self, subject: str, attempt: int, delay: float, error: BaseException
+    ) -> None:
+        self.metrics.registry_retries.inc()
+        self.health.degraded = f"schema registry unreachable ({subject}, attempt {attempt})"
+        self._keep_alive()
+
+    # --- main loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Stream until stopped (returns) or a failure (raises, without confirming past it)."""
+        assert self.client is not None and self.sink is not None
+        self.health.streaming = True
+        handlers: dict[type, Callable[[Any, int], None]] = {
+            Begin: self._on_begin,
+            Commit: self._on_commit,
+            Relation: self._on_relation,
+            Type: self._on_type,
+            Insert: self._on_insert,
+            Update: self._on_update,
+            Delete: self._on_delete,
+            Truncate: self._on_truncate,
+            Message: self._on_message,
+            Origin: self._ignore,
+        }
+        decode = self.decoder.decode
+        interval = self.config.heartbeat_interval_s
+        self._next_heartbeat = time.monotonic() + interval if interval else float("inf")
+        for item in self.client.stream(idle_after=self.config.idle_after_s):
+            if item is None:
+                self._on_idle()
+            else:
+                payload, wal_start, _wal_end = item
+                message = decode(payload)
+                handler = handlers.get(type(message))
+                if handler is None:
+                    raise StreamStateError(
+                        f"unexpected {type(message).__name__} with streaming and two-phase off",
+                        wal_start,
+                    )
+                handler(message, wal_start)
+            if self.stop_requested:
+                return
+
+    def _ignore(self, message: Any, lsn: int) -> None:
+        pass
+
+    def _on_begin(self, message: Begin, lsn: int) -> None:
+        if self._tx is not None or self._skipping:
+            raise StreamStateError(f"Begin of xid {message.xid} inside another transaction", lsn)
+        if message.final_lsn <= self._last_commit_lsn:
+            # Resent after a reconnect, and already produced: its delivery is tracked already.
+            self._skipping = True
+            return
+        tx = Transaction(message.xid, message.final_lsn, message.commit_ts)
+        self._tx = tx
+        self._ticket = self.tracker.open(tx.commit_lsn, tx.commit_ts_ms)
+        assert self.sink is not None
+        self._callback = self.sink.callback_for(self._ticket)
+
+    def _on_commit(self, message: Commit, lsn: int) -> None:
+        if self._skipping:
+            self._skipping = False
+            return
+        tx, ticket = self._tx, self._ticket
+        if tx is None or ticket is None:
+            raise StreamStateError("Commit outside a transaction", lsn)
+        if tx.commit_lsn != message.commit_lsn:
+            raise StreamStateError(
+                f"Commit LSN {format_lsn(message.commit_lsn)} differs from Begin's final LSN "
+                f"{format_lsn(tx.commit_lsn)} (xid {tx.xid})",
+                lsn,
+            )
+        if tx.event_count:
+            self._produce_marker(tx.end_marker())
+            self.metrics.transactions.inc()
+        self.tracker.close(ticket, message.end_lsn)
+        self._last_commit_lsn = message.commit_lsn
+        self._tx = self._ticket = self._callback = None
+        assert self.sink is not None
+        self.sink.poll(0)
+        self._confirm_acked()
+        self.health.progress()
+        if time.monotonic() >= self._next_heartbeat:
+            self._heartbeat()
+
+    def _on_relation(self, message: Relation, lsn: int) -> None:
+        self.tables.on_relation(message, lsn)
+        self.health.degraded = None
+
+    def _on_type(self, message: Type, lsn: int) -> None:
+        self.sql.run(lambda conn: on_type_message(self.catalog, conn, message.type_oid))
+
+    def _route(self, relation_id: int, lsn: int) -> TableRoute:
+        route = self.tables.routes.get(relation_id)
+        if route is None:
+            raise StreamStateError(
+                f"change for relation {relation_id} before its Relation message", lsn
+            )
+        return route
+
+    def _on_insert(self, message: Insert, lsn: int) -> None:
+        if self._skipping:
+            return
+        route = self._route(message.relation_id, lsn)
+        for change in insert_changes(route.shape, message, lsn):
+            self._emit_row(route, change, lsn)
+
+    def _on_update(self, message: Update, lsn: int) -> None:
+        if self._skipping:
+            return
+        route = self._route(message.relation_id, lsn)
+        for change in update_changes(route.shape, message, lsn):
+            self._emit_row(route, change, lsn)
+
+    def _on_delete(self, message: Delete, lsn: int) -> None:
+        if self._skipping:
+            return
+        route = self._route(message.relation_id, lsn)
+        for change in delete_changes(route.shape, message, lsn):
+            self._emit_row(route, change, lsn)
+
+    def _on_truncate(self, message: Truncate, lsn: int) -> None:
+        if self._skipping:
+            return
+        tx = self._require_tx("Truncate", lsn)
+        for relation_id in message.relation_ids:
+            route = self._route(relation_id, lsn)
+            self._begin_marker_once(tx)
+            block = tx.block(tx.next_order(route.table))
+            source = self._fill_source(route.source, tx, lsn)
+            value = route.value_encoder.encode(truncate_envelope(source, block, _now_ms()))
+            self._produce(route.topic, route.table, None, value)
+
+    def _on_message(self, message: Message, lsn: int) -> None:
+        if self._skipping:
+            return
+        source = source_block(
+            version=self.version, prefix=self.prefix, db=self.db, schema="", table="",
+            ts_ms=_now_ms(), xid=None, lsn=message.lsn, commit_lsn=None,
+        )  # fmt: skip
+        key = self.msg_key.encode({"prefix": message.prefix})
+        if message.transactional:
+            tx = self._require_tx("transactional Message", lsn)
+            self._begin_marker_once(tx)
+            block = tx.block(tx.next_order(self.msg_topic))
+            self._fill_source(source, tx, message.lsn)
+            value = self.msg_value.encode(
+                message_envelope(message.prefix, message.content, source, block, _now_ms())
+            )
+            self._produce(self.msg_topic, self.msg_topic, key, value)
+            return
+        if self._tx is not None:
+            raise StreamStateError("non-transactional Message inside a transaction", lsn)
+        # Outside any transaction: tracked on its own, confirms nothing (the idle path does).
+        value = self.msg_value.encode(
+            message_envelope(message.prefix, message.content, source, None, _now_ms())
+        )
+        ticket = self.tracker.open(None)
+        assert self.sink is not None
+        ticket.outstanding += 1
+        self.sink.produce(
+            self.msg_topic, key, value, self.sink.callback_for(ticket), self._keep_alive
+        )
+        self.tracker.close(ticket, None)
+        self.metrics.events.labels(self.msg_topic).inc()
+
+    # --- producing -----------------------------------------------------------------------------
+
+    def _require_tx(self, what: str, lsn: int) -> Transaction:
+        if self._tx is None:
+            raise StreamStateError(f"{what} outside a transaction", lsn)
+        return self._tx
+
+    def _fill_source(self, source: Row, tx: Transaction, lsn: int) -> Row:
+        source["ts_ms"] = tx.commit_ts_ms
+        source["txId"] = tx.xid
+        source["lsn"] = lsn
+        source["commit_lsn"] = tx.commit_lsn
+        return source
+
+    def _begin_marker_once(self, tx: Transaction) -> None:
+        if tx.event_count == 0:
+            self._produce_marker(tx.begin_marker())
+
+    def _emit_row(self, route: TableRoute, change: RowChange, lsn: int) -> None:
+        tx = self._tx
+        if tx is None:
+            raise StreamStateError(f"row change of {route.table} outside a transaction", lsn)
+        if tx.event_count == 0:
+            self._produce_marker(tx.begin_marker())
+        block = tx.block(tx.next_order(route.table))
+        source = self._fill_source(route.source, tx, lsn)
+        value = route.value_encoder.encode(envelope(change, source, block, _now_ms()))
+        key = None
+        if change.key is not None and route.key_encoder is not None:
+            key = route.key_encoder.encode(change.key)
+        self._produce(route.topic, route.table, key, value)
+
+    def _produce_marker(self, marker: dict[str, Any]) -> None:
+        tx = self._tx
+        assert tx is not None
+        self._produce(
+            self.tx_topic,
+            self.tx_topic,
+            self.tx_key.encode(tx.marker_key()),
+            self.tx_value.encode(marker),
+        )
+
+    def _produce(self, topic: str, table: str, key: bytes | None, value: bytes) -> None:
+        ticket, callback, sink = self._ticket, self._callback, self.sink
+        assert ticket is not None and callback is not None and sink is not None
+        ticket.outstanding += 1  # before produce: a delivery report can't come earlier
+        sink.produce(topic, key, value, callback, self._keep_alive)
+        self.metrics.events.labels(table).inc()
+        self.metrics.event_bytes.labels(table).inc(len(value) + (len(key) if key else 0))
+        self._since_poll += 1
+        if self._since_poll >= _POLL_EVERY:
+            self._since_poll = 0
+            sink.poll(0)
+            self._confirm_acked()
+            self._keep_alive()
+
+    def _heartbeat(self) -> None:
+        assert self.sink is not None and self.client is not None
+        self._next_heartbeat = time.monotonic() + self.config.heartbeat_interval_s
+        ticket = Ticket(None)  # not in the FIFO: a heartbeat confirms nothing
+        ticket.outstanding = 1
+        value = self.hb_value.encode({"ts_ms": _now_ms(), "lsn": self.client.confirmed_lsn})
+        self.sink.produce(
+            self.hb_topic, None, value, self.sink.callback_for(ticket), self._keep_alive
+        )
+
+    # --- confirming ----------------------------------------------------------------------------
+
+    def _confirm_acked(self) -> None:
+        lsn = self.tracker.confirmable()
+        if lsn is None:
+            return
+        assert self.client is not None
+        self.client.confirm(lsn)
+        self.metrics.confirmed_lsn.set(lsn)
+        last = self.tracker.last_confirmed
+        if self._lag is not None and last is not None:
+            self._lag.anchor_ms = last.commit_ts_ms
+
+    def _on_idle(self) -> None:
+        assert self.sink is not None and self.client is not None
+        self.sink.poll(0)
+        self._confirm_acked()
+        if self.tracker.in_flight == 0 and self._tx is None and not self._skipping:
+            # Nothing of ours in flight: let the slot move past WAL of unpublished tables.
+            wal_end = self.client.server_wal_end
+            if wal_end > self.client.confirmed_lsn:
+                self.client.confirm(wal_end)
+                self.metrics.confirmed_lsn.set(wal_end)
+            if self._lag is not None:
+                self._lag.anchor_ms = None
+        self.metrics.in_flight_events.set(len(self.sink))
+        if self.sink.broker_down:
+            self.health.degraded = "Kafka brokers unreachable"
+        elif self.health.degraded == "Kafka brokers unreachable":
+            self.health.degraded = None
+        self.health.progress()
+        if time.monotonic() >= self._next_heartbeat:
+            self._heartbeat()
+
+    def _keep_alive(self) -> None:
+        """While blocked on Kafka or the registry: keep the walsender from timing us out,
+        confirm what got acknowledged, and honour a stop request."""
+        if self.client is None:
+            return
+        now = time.monotonic()
+        if now >= self._next_status:
+            self._next_status = now + min(5.0, self.config.status_interval_s / 2)
+            if self.sink is not None:
+                self.sink.poll(0)
+            self._confirm_acked()
+            self.client.send_status()
+            self.health.progress()
+        if (
+            self.stop_requested
+            and self.sink is not None
+            and len(self.sink) >= self.config.queue_max_messages
+        ):
+            raise ShutdownRequested()
+
+    def _on_reconnect(self, lsn: int) -> None:
+        """The stream reconnected and resends from ``lsn``: drop the partial transaction."""
+        self.metrics.replication_reconnects.inc()
+        self.decoder.reset()
+        self._skipping = False
+        if self._ticket is not None:
+            self.tracker.close(self._ticket, None)  # drains without confirming; resent anew
+        self._tx = self._ticket = self._callback = None
+        log.warning("replication reconnected; resuming", extra={"lsn": format_lsn(lsn)})
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        self.stop_requested = True
+
+    def drain(self) -> None:
+        """Clean stop: flush Kafka for at most the grace period, confirm what was acked."""
+        if self.sink is None or self.client is None:
+            return
+        if self._ticket is not None:
+            self.tracker.close(self._ticket, None)
+            self._tx = self._ticket = self._callback = None
+        remaining = self.sink.flush(self.config.shutdown_grace_s)
+        self.sink.poll(0)
+        self._confirm_acked()
+        if remaining:
+            log.warning(
+                "grace period over with events unacknowledged; they are resent on restart",
+                extra={"unacknowledged": remaining},
+            )
+        log.info("stopped", extra={"confirmed_lsn": format_lsn(self.client.confirmed_lsn)})
+
+    def close(self) -> None:
+        try:
+            if self.client is not None:
+                self.client.close()
+        finally:
+            if self._lag is not None:
+                self._lag.stop()
+            if self._http is not None:
+                self._http.stop()
+            if hasattr(self, "sql"):
+                self.sql.close()
+
+
+def install_signal_handlers(pipeline: Pipeline) -> Callable[[], None]:
+    previous = {s: signal.signal(s, pipeline.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore

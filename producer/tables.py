@@ -1,0 +1,108 @@
+"""Relation message -> everything needed to publish that table's events (I/O: catalog, registry,
+topic creation), done once per Relation, before the table's first event is produced."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from producer.events import Row, TableShape
+from producer.pgoutput import Relation
+from producer.sql_session import SqlSession
+from producer.topics import TopicManager, table_topic
+from schemas.catalog import ensure_types
+from schemas.registry import SchemaRegistry
+from schemas.relation import UnmappedColumnLog, build_relation_codec
+from schemas.type_catalog import TypeCatalog
+from schemas.wire import AvroEncoder
+
+log = logging.getLogger(__name__)
+
+_PRIMARY_KEY = """
+SELECT a.attname::text FROM pg_index i
+  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+ WHERE i.indrelid = %s AND i.indisprimary
+"""
+
+
+@dataclass
+class TableRoute:
+    """One table's codec, topic and encoders; ``source`` is reused per event (encoded at once)."""
+
+    shape: TableShape
+    topic: str
+    table: str  # "schema.table" (the data_collection)
+    key_encoder: AvroEncoder | None
+    value_encoder: AvroEncoder
+    source: Row
+
+
+class TableRoutes:
+    def __init__(
+        self,
+        *,
+        prefix: str,
+        catalog: TypeCatalog,
+        sql: SqlSession,
+        registry: SchemaRegistry,
+        topics: TopicManager,
+        source_for: Callable[[str, str], Row],
+    ) -> None:
+        self._prefix = prefix
+        self._catalog = catalog
+        self._sql = sql
+        self._registry = registry
+        self._topics = topics
+        self._source_for = source_for
+        self._unmapped = UnmappedColumnLog(log.warning)
+        self._warned_keyless: set[str] = set()
+        self.routes: dict[int, TableRoute] = {}
+
+    def on_relation(self, relation: Relation, lsn: int) -> TableRoute:
+        schema = relation.namespace or "pg_catalog"
+        topic = table_topic(self._prefix, schema, relation.name)
+        oids = [c.type_oid for c in relation.columns]
+        self._sql.run(lambda conn: ensure_types(self._catalog, conn, oids))
+        if relation.replica_identity == "f":
+            relation = self._key_by_primary_key(relation)
+        codec = build_relation_codec(relation, self._catalog, topic, self._unmapped)
+        shape = TableShape.of(codec, relation.replica_identity)
+        if codec.convert_key is None and codec.table not in self._warned_keyless:
+            self._warned_keyless.add(codec.table)
+            log.warning(
+                "table has no replica identity: events get a null Kafka key (append-only), "
+                "no before image",
+                extra={"table": codec.table, "replica_identity": relation.replica_identity},
+            )
+        self._topics.ensure([topic])
+        ids = self._registry.register_relation(codec, lsn)
+        route = TableRoute(
+            shape=shape,
+            topic=topic,
+            table=codec.table,
+            key_encoder=None
+            if codec.key_schema is None or ids.key_id is None
+            else AvroEncoder(codec.key_schema, ids.key_id),
+            value_encoder=AvroEncoder(codec.envelope_schema, ids.value_id),
+            source=self._source_for(schema, relation.name),
+        )
+        self.routes[relation.relation_id] = route
+        return route
+
+    def _key_by_primary_key(self, relation: Relation) -> Relation:
+        """FULL marks every column as identity; key the events by the primary key when there is
+        one, so one row's changes keep one Kafka key (and partition)."""
+
+        def query(conn: psycopg.Connection[Any]) -> set[str]:
+            return {r[0] for r in conn.execute(_PRIMARY_KEY, (relation.relation_id,)).fetchall()}
+
+        pk = self._sql.run(query)
+        if not pk:
+            return relation
+        columns = tuple(dataclasses.replace(c, is_key=c.name in pk) for c in relation.columns)
+        return dataclasses.replace(relation, columns=columns)

@@ -1,0 +1,86 @@
+"""Per-transaction bookkeeping: ids, event order and the BEGIN/END markers. Pure, no I/O.
+
+Protocol 1 (no streaming) delivers each committed transaction whole, in commit order, and
+Begin already carries the commit LSN (``final_lsn``), so every event gets its final
+``commit_lsn`` and ``total_order`` while it is decoded: nothing is buffered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from producer.pgoutput import pg_timestamp_to_unix_micros
+
+
+def transaction_id(xid: int, commit_lsn: int) -> str:
+    """``"<xid>:<commit_lsn>"``, both decimal (docs/CONTRACT_NOTES.md)."""
+    return f"{xid}:{commit_lsn}"
+
+
+def pg_ts_to_ms(pg_ts: int) -> int:
+    return pg_timestamp_to_unix_micros(pg_ts) // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    total_order: int
+    data_collection_order: int
+
+
+class Transaction:
+    """One committed transaction as it is decoded; counts what was published.
+
+    ``data_collection``: ``"<schema>.<table>"`` for table events, the message topic for
+    logical messages (CONTRACT_NOTES). Counts are 1-based positions.
+    """
+
+    __slots__ = ("collections", "commit_lsn", "commit_ts_ms", "event_count", "id", "xid")
+
+    def __init__(self, xid: int, commit_lsn: int, commit_ts: int) -> None:
+        self.xid = xid
+        self.commit_lsn = commit_lsn
+        self.commit_ts_ms = pg_ts_to_ms(commit_ts)
+        self.id = transaction_id(xid, commit_lsn)
+        self.event_count = 0
+        self.collections: dict[str, int] = {}
+
+    def next_order(self, data_collection: str) -> Order:
+        self.event_count += 1
+        position = self.collections.get(data_collection, 0) + 1
+        self.collections[data_collection] = position
+        return Order(self.event_count, position)
+
+    def block(self, order: Order) -> dict[str, Any]:
+        """The envelope's ``transaction`` field."""
+        return {
+            "id": self.id,
+            "total_order": order.total_order,
+            "data_collection_order": order.data_collection_order,
+        }
+
+    def marker_key(self) -> dict[str, Any]:
+        return {"id": self.id}
+
+    def begin_marker(self) -> dict[str, Any]:
+        return {
+            "status": "BEGIN",
+            "id": self.id,
+            "event_count": None,
+            "data_collections": None,
+            "ts_ms": self.commit_ts_ms,
+            "commit_lsn": self.commit_lsn,
+        }
+
+    def end_marker(self) -> dict[str, Any]:
+        return {
+            "status": "END",
+            "id": self.id,
+            "event_count": self.event_count,
+            "data_collections": [
+                {"data_collection": name, "event_count": count}
+                for name, count in self.collections.items()
+            ],
+            "ts_ms": self.commit_ts_ms,
+            "commit_lsn": self.commit_lsn,
+        }
