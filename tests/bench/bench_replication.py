@@ -1,0 +1,226 @@
+"""Benchmark: the replication client's read + decode + confirm rate vs pg_recvlogical.
+
+Run (needs the local stack; ~1-2 minutes for the default 1M changes):
+
+    .walbridge/venv/bin/python tests/bench/bench_replication.py [--changes N] [--tx-size N] [--rounds R]
+
+It writes ``--changes`` inserts into an 8-column table (int8, text, numeric(12,2), timestamptz,
+jsonb, bool, text[], enum) in transactions of ``--tx-size`` rows, with a pgoutput slot created
+before the data. That slot is copied (pg_copy_logical_replication_slot) so every run reads the
+same WAL from the same start. Per round it times, wall clock, both of:
+
+  pg_recvlogical  -o proto_version=1 -o publication_names=... --endpos=<end> -f /dev/null
+  client          ReplicationClient stream -> Decoder().decode every payload -> confirm each
+                  Commit's end_lsn, stopping by pg_recvlogical's --endpos rule
+
+alternating which goes first, then prints both rates (row changes/s), and the ratio of the
+client's to pg_recvlogical's median rate. Slots, publication and table are dropped at the end.
+The walsender's decoding is the ceiling for both, so a ratio near 1 means the client keeps up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from producer.pgoutput import Commit, Decoder, Insert, format_lsn, parse_lsn
+from producer.replication import ReplicationClient, ReplicationConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+RECVLOGICAL = ("/usr/lib/postgresql/15/bin/pg_recvlogical", "/usr/bin/pg_recvlogical")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    seconds: float
+    changes: int
+    cpu_seconds: float  # the reader's own CPU (user + system), excluding the walsender
+
+    @property
+    def rate(self) -> float:
+        return self.changes / self.seconds
+
+
+def pg_dsn() -> str:
+    if dsn := os.environ.get("WALBRIDGE_PG_DSN"):
+        return dsn
+    out = subprocess.run(
+        [str(ROOT / "deploy/local/stack"), "env"], check=True, text=True, capture_output=True
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("export WALBRIDGE_PG_DSN="):
+            return line.split("=", 1)[1].strip("'")
+    sys.exit("no WALBRIDGE_PG_DSN and `deploy/local/stack env` did not print one")
+
+
+def recvlogical_binary() -> str:
+    for path in RECVLOGICAL:
+        if Path(path).exists():
+            return path
+    found = shutil.which("pg_recvlogical")
+    if not found:
+        sys.exit("pg_recvlogical not found")
+    return found
+
+
+def generate(db: psycopg.Connection, schema: str, changes: int, tx_size: int) -> None:
+    """``changes`` inserts, ``tx_size`` per transaction (one autocommit statement each)."""
+    statement = sql.SQL(
+        "INSERT INTO {} SELECT g, 'name-' || g, (g %% 100000) / 100.0, now(),"
+        " jsonb_build_object('g', g, 'tag', 'bench'), g %% 2 = 0, ARRAY['a', g::text],"
+        " (ARRAY['sad', 'ok', 'happy'])[g %% 3 + 1]::{}"
+        " FROM generate_series(%s::int8, %s::int8) g"
+    ).format(sql.Identifier(schema, "rows"), sql.Identifier(schema, "mood"))
+    for start in range(0, changes, tx_size):
+        db.execute(statement, (start + 1, min(start + tx_size, changes)))
+
+
+def time_recvlogical(dsn: str, slot: str, publication: str, end_lsn: int, changes: int) -> Run:
+    command = [
+        recvlogical_binary(),
+        f"--dbname={dsn}",
+        f"--slot={slot}",
+        "--start",
+        "--no-loop",
+        f"--endpos={format_lsn(end_lsn)}",
+        "-o", "proto_version=1",
+        "-o", f"publication_names={publication}",
+        "-f", "/dev/null",
+    ]  # fmt: skip
+    cpu_before = _children_cpu()
+    began = time.perf_counter()
+    subprocess.run(command, check=True)
+    return Run("pg_recvlogical", time.perf_counter() - began, changes, _children_cpu() - cpu_before)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_client(dsn: str, slot: str, publication: str, end_lsn: int) -> Run:
+    config = ReplicationConfig(
+        slot=slot, publication=publication, create_slot=False, create_publication=False
+    )
+    decoder = Decoder()
+    decode = decoder.decode
+    inserts = 0
+    cpu_before = time.process_time()
+    began = time.perf_counter()
+    with ReplicationClient(dsn, config) as client:
+        client.open()
+        # The same stop rule as pg_recvlogical --endpos: data past end, or the server
+        # reporting (keepalive) that it has sent everything up to end.
+        for item in client.stream(idle_after=0.01):
+            if item is None:
+                if client.server_wal_end >= end_lsn:
+                    break
+                continue
+            payload, wal_start, _wal_end = item
+            if wal_start > end_lsn:
+                break
+            message = decode(payload)
+            if type(message) is Insert:
+                inserts += 1
+            elif type(message) is Commit:
+                client.confirm(message.end_lsn)
+    seconds = time.perf_counter() - began
+    return Run("client", seconds, inserts, time.process_time() - cpu_before)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--tx-size", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2, help="each round runs both readers once")
+    args = parser.parse_args()
+
+    dsn = pg_dsn()
+    tag = uuid.uuid4().hex[:8]
+    schema, publication, base_slot = f"bench_{tag}", f"bench_pub_{tag}", f"bench_{tag}"
+    table = sql.Identifier(schema, "rows")
+    slots = [f"{base_slot}_{i}" for i in range(2 * args.rounds)]
+    with psycopg.connect(dsn, autocommit=True) as db:
+        try:
+            db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            db.execute(
+                sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(
+                    sql.Identifier(schema, "mood")
+                )
+            )
+            db.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
+                    " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
+                ).format(table, sql.Identifier(schema, "mood"))
+            )
+            db.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                    sql.Identifier(publication), table
+                )
+            )
+            db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slots[0],))
+            began = time.perf_counter()
+            generate(db, schema, args.changes, args.tx_size)
+            generated = time.perf_counter() - began
+            # The insert position, not pg_current_wal_lsn(): with synchronous_commit off the
+            # last commits may not be written yet, and the end must lie past all of them.
+            row = db.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+            end_lsn = parse_lsn(row[0])
+            for copy in slots[1:]:
+                db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (slots[0], copy))
+            print(
+                f"generated {args.changes} changes in {args.changes // args.tx_size} transactions"
+                f" in {generated:.1f}s; end LSN {format_lsn(end_lsn)}; load avg {os.getloadavg()}"
+            )
+            runs: list[Run] = []
+            for round_no in range(args.rounds):
+                recv_slot, client_slot = slots[2 * round_no], slots[2 * round_no + 1]
+                order = ("recv", "client") if round_no % 2 == 0 else ("client", "recv")
+                for which in order:
+                    if which == "recv":
+                        run = time_recvlogical(dsn, recv_slot, publication, end_lsn, args.changes)
+                    else:
+                        run = time_client(dsn, client_slot, publication, end_lsn)
+                        if run.changes != args.changes:
+                            sys.exit(
+                                f"client decoded {run.changes} inserts, expected {args.changes}"
+                            )
+                    runs.append(run)
+                    print(
+                        f"round {round_no + 1} {run.name:15s} {run.seconds:7.2f}s"
+                        f" {run.rate:10,.0f} changes/s   reader CPU {run.cpu_seconds:6.2f}s"
+                        f" ({run.cpu_seconds / run.seconds:4.0%} of one core)"
+                    )
+            recv = statistics.median(r.rate for r in runs if r.name == "pg_recvlogical")
+            client = statistics.median(r.rate for r in runs if r.name == "client")
+            print(f"median pg_recvlogical {recv:10,.0f} changes/s")
+            print(f"median client         {client:10,.0f} changes/s (read + decode + confirm)")
+            print(f"ratio client / pg_recvlogical = {client / recv:.3f} (target >= 0.9)")
+        finally:
+            for slot in slots:
+                db.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE slot_name = %s",
+                    (slot,),
+                )
+            db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
+            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+if __name__ == "__main__":
+    main()
