@@ -71,7 +71,9 @@ class ReplicationClient:
         log.info(
             "connecting for replication", extra={"dsn": self._redacted, "slot": self._config.slot}
         )
-        conn = WalsenderConnection.connect(self._conninfo, slot=self._config.slot)
+        conn = WalsenderConnection.connect(
+            self._conninfo, slot=self._config.slot, display=self._redacted
+        )
         try:
             check_wal_level(conn)
             self._identity = identify_system(conn)
@@ -153,7 +155,9 @@ class ReplicationClient:
         return self._stream.with_idle(idle_after)
 
     def _reconnect(self) -> WalsenderConnection:
-        conn = WalsenderConnection.connect(self._conninfo, slot=self._config.slot)
+        conn = WalsenderConnection.connect(
+            self._conninfo, slot=self._config.slot, display=self._redacted
+        )
         log.info(
             "reconnected for replication", extra={"dsn": self._redacted, "slot": self._config.slot}
         )

@@ -42,18 +42,22 @@ class WalsenderConnection:
         self.closed = False
 
     @classmethod
-    def connect(cls, conninfo: bytes, *, slot: str, lsn: int | None = None) -> WalsenderConnection:
+    def connect(
+        cls, conninfo: bytes, *, slot: str, display: str, lsn: int | None = None
+    ) -> WalsenderConnection:
+        """``display`` is the password-free DSN that error messages show."""
+        detail = f"can't connect to {display}"
         try:
             pgconn = pq.PGconn.connect(conninfo)
         except psycopg.OperationalError as exc:
             raise ReplicationError(
-                ErrorKind.CONNECTION, "can't connect", slot=slot, lsn=lsn, server_message=str(exc)
+                ErrorKind.CONNECTION, detail, slot=slot, lsn=lsn, server_message=str(exc)
             ) from exc
         if pgconn.status != pq.ConnStatus.OK:
             message = _text(pgconn.error_message)
             pgconn.finish()
             raise ReplicationError(
-                ErrorKind.CONNECTION, "can't connect", slot=slot, lsn=lsn, server_message=message
+                ErrorKind.CONNECTION, detail, slot=slot, lsn=lsn, server_message=message
             )
         return cls(pgconn, slot)
 

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from producer.pgoutput import Begin, Commit, Decoder, Insert, PgOutputMessage, Relation, parse_lsn
 from producer.replication import (
@@ -365,3 +366,14 @@ def test_reconnects_after_walsender_is_terminated_and_resumes_from_confirmed(env
         assert again[0].final_lsn == second[0].final_lsn
         _, new_pid, _ = env.slot_row()
         assert new_pid not in (None, pid)
+
+
+def test_connect_failure_names_slot_and_hides_password(env: Env) -> None:
+    bad = make_conninfo(env.dsn, password="wrong-secret-123", user="no_such_user_x")
+    with ReplicationClient(bad, env.config("t")) as client, pytest.raises(ReplicationError) as info:
+        client.open()
+    error = info.value
+    assert error.kind is ErrorKind.CONNECTION and error.retriable
+    assert "no_such_user_x" in (error.server_message or "")
+    assert env.slot in str(error) and "wrong-secret-123" not in str(error)
+    assert "password=***" in str(error)
