@@ -151,7 +151,7 @@ class Pipeline:
         slot = self.client.ensure_slot()
         log.info(
             "slot ready",
-            extra={"slot": slot.slot_name, "created": slot.created, "prefix": self.prefix},
+            extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": self.prefix},
         )
         from confluent_kafka.admin import AdminClient
 

@@ -1,0 +1,252 @@
+"""Helpers for the producer's integration tests and benchmarks (no tests in this module).
+
+Runs the real producer as a subprocess (``python -m producer run``) against the local stack,
+and reads topics back with confluent-kafka's Consumer and AvroDeserializer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unique(name: str) -> str:
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[arg-type]
+
+
+def query(dsn: str, statement: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(statement, tuple(params)).fetchall()  # type: ignore[arg-type]
+
+
+@dataclass
+class Source:
+    """A publication + slot + topic prefix of one test; ``drop`` removes the slot (it holds WAL)."""
+
+    dsn: str
+    publication: str
+    slot: str
+    prefix: str
+
+    @classmethod
+    def create(cls, dsn: str, tables: Iterable[str], name: str = "wbp") -> Source:
+        src = cls(dsn, unique(name + "pub"), unique(name + "slot"), unique(name))
+        sql(dsn, f"CREATE PUBLICATION {src.publication} FOR TABLE {', '.join(tables)}")
+        return src
+
+    def confirmed_lsn(self) -> int | None:
+        rows = query(
+            self.dsn,
+            "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
+            (self.slot,),
+        )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def current_lsn(self) -> int:
+        return int(query(self.dsn, "SELECT pg_current_wal_insert_lsn() - '0/0'")[0][0])
+
+    def wait_confirmed(self, lsn: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            confirmed = self.confirmed_lsn()
+            if confirmed is not None and confirmed >= lsn:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"slot {self.slot} did not confirm {lsn} (at {self.confirmed_lsn()})")
+
+    def drop(self) -> None:
+        for _ in range(50):
+            try:
+                sql(
+                    self.dsn,
+                    f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    f"WHERE slot_name = '{self.slot}'",
+                )
+                break
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.2)
+        sql(self.dsn, f"DROP PUBLICATION IF EXISTS {self.publication}")
+
+
+class ProducerProcess:
+    def __init__(self, source: Source, bootstrap: str, registry_url: str, **settings: Any) -> None:
+        self.source = source
+        self.port = free_port()
+        self.log_path = Path(f"/tmp/{source.prefix}-producer.log")
+        self.env = (
+            {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
+            | {
+                "WALBRIDGE_PG_DSN": source.dsn,
+                "WALBRIDGE_KAFKA_BOOTSTRAP": bootstrap,
+                "WALBRIDGE_SCHEMA_REGISTRY_URL": registry_url,
+                "WALBRIDGE_PUBLICATION": source.publication,
+                "WALBRIDGE_SLOT": source.slot,
+                "WALBRIDGE_TOPIC_PREFIX": source.prefix,
+                "WALBRIDGE_METRICS_PORT": str(self.port),
+                "WALBRIDGE_METRICS_HOST": "127.0.0.1",
+                "WALBRIDGE_IDLE_AFTER_S": "0.5",
+            }
+            | {f"WALBRIDGE_{k.upper()}": str(v) for k, v in settings.items()}
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_ready: bool = True) -> ProducerProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "producer", "run"], cwd=ROOT, env=self.env, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def http(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"producer exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.http("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"producer not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(30)
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: Any
+    value: Any
+
+
+class TopicReader:
+    """Reads topics from the beginning, decoding keys and values with the registry."""
+
+    def __init__(self, bootstrap: str, registry_url: str) -> None:
+        self.bootstrap = bootstrap
+        client = SchemaRegistryClient({"url": registry_url})
+        self._deserializer = AvroDeserializer(client)
+
+    def read(
+        self,
+        topics: list[str],
+        expect: int | None = None,
+        timeout: float = 60.0,
+        quiet: float = 3.0,
+    ) -> list[Record]:
+        """Until ``expect`` records arrived (or ``quiet`` s without one when ``expect`` is None)."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": unique("reader"),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        deadline = time.monotonic() + timeout
+        # assign(), not subscribe(): no group rebalances that re-read from the start.
+        partitions: list[TopicPartition] = []
+        while True:
+            meta = consumer.list_topics(timeout=10).topics
+            if all(t in meta and meta[t].partitions for t in topics):
+                break
+            if time.monotonic() > deadline:
+                consumer.close()
+                raise AssertionError(f"topics {topics} never appeared")
+            time.sleep(0.3)
+        for t in topics:
+            partitions += [TopicPartition(t, p, OFFSET_BEGINNING) for p in meta[t].partitions]
+        consumer.assign(partitions)
+        records: list[Record] = []
+        last = time.monotonic()
+        try:
+            while time.monotonic() < deadline:
+                batch = consumer.consume(5000, 0.5)
+                for m in batch:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() in (
+                            KafkaError._PARTITION_EOF,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART,
+                        ):
+                            continue
+                        raise AssertionError(f"consume error: {err}")
+                    topic = m.topic()
+                    assert topic is not None
+                    key = self._decode(topic, m.key(), MessageField.KEY)
+                    value = self._decode(topic, m.value(), MessageField.VALUE)
+                    records.append(Record(topic, m.partition() or 0, m.offset() or 0, key, value))
+                    last = time.monotonic()
+                if expect is not None and len(records) >= expect:
+                    # Linger a little: more than expected is a failure the caller must see.
+                    if time.monotonic() - last > 1.0:
+                        break
+                elif expect is None and records and time.monotonic() - last > quiet:
+                    break
+        finally:
+            consumer.close()
+        return records
+
+    def _decode(self, topic: str, data: bytes | None, field: str) -> Any:
+        if data is None:
+            return None
+        return self._deserializer(data, SerializationContext(topic, field))
