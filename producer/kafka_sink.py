@@ -54,7 +54,10 @@ class KafkaSink:
         self.fatal: str | None = None
         self.failure: DeliveryError | None = None
         self.broker_down = False
-        self._producer = Producer({**settings, "error_cb": self._on_error})
+        # librdkafka logs through logging (JSON) instead of printing to stderr.
+        self._producer = Producer(
+            {**settings, "error_cb": self._on_error, "logger": logging.getLogger("librdkafka")}
+        )
 
     # -- callbacks (run inside poll/flush, on the calling thread) ---------------------------
 

@@ -1,0 +1,197 @@
+"""Event building from decoded changes: before/after per replica identity, key changes, TOAST,
+transaction order and markers; codecs from the real schemas package, no services."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from producer.events import (
+    TableShape,
+    delete_changes,
+    envelope,
+    insert_changes,
+    key_changed,
+    update_changes,
+)
+from producer.pgoutput import UNCHANGED_TOAST, Column, Delete, Insert, Relation, Update, Value
+from producer.transactions import Transaction, pg_ts_to_ms, transaction_id
+from schemas.relation import build_relation_codec
+from schemas.type_catalog import TypeCatalog
+
+pytestmark = pytest.mark.unit
+
+INT4, TEXT = 23, 25
+
+
+def relation(identity: str, key: tuple[str, ...]) -> Relation:
+    cols = tuple(
+        Column(1 if name in key else 0, name, oid, -1, name in key)
+        for name, oid in (("id", INT4), ("code", TEXT), ("val", TEXT))
+    )
+    return Relation(None, 4242, "public", "t", identity, cols)  # type: ignore[arg-type]
+
+
+def shape(identity: str, key: tuple[str, ...]) -> TableShape:
+    codec = build_relation_codec(relation(identity, key), TypeCatalog(), "db.public.t")
+    return TableShape.of(codec, identity)
+
+
+def tup(*values: Any) -> tuple[Any, ...]:
+    return tuple(
+        v if v is None or v is UNCHANGED_TOAST else Value(str(v).encode(), False) for v in values
+    )
+
+
+def as_tuples(changes: Any) -> list[tuple[Any, ...]]:
+    return [(c.op, c.key, c.before, c.after, c.unchanged_toast) for c in changes]
+
+
+def row(i: Any, code: Any, val: Any) -> dict[str, Any]:
+    return {"id": i, "code": code, "val": val}
+
+
+DEFAULT = shape("d", ("id",))
+FULL_PK = shape("f", ("id",))  # what the pipeline builds for FULL with a primary key
+FULL_NO_PK = shape("f", ("id", "code", "val"))
+INDEX = shape("i", ("code",))
+NOTHING = shape("n", ())
+
+
+def test_insert() -> None:
+    assert as_tuples(insert_changes(DEFAULT, Insert(None, 4242, tup(1, "a", None)), 10)) == [
+        ("c", {"id": 1}, None, row(1, "a", None), [])
+    ]
+    assert as_tuples(insert_changes(NOTHING, Insert(None, 4242, tup(1, "a", "x")), 10)) == [
+        ("c", None, None, row(1, "a", "x"), [])
+    ]
+
+
+def test_default_update_key_kept_has_no_before() -> None:
+    msg = Update(None, 4242, None, None, tup(1, "b", "x"))
+    assert as_tuples(update_changes(DEFAULT, msg, 10)) == [
+        ("u", {"id": 1}, None, row(1, "b", "x"), [])
+    ]
+
+
+def test_default_key_change_is_delete_then_create() -> None:
+    msg = Update(None, 4242, "K", tup(1, None, None), tup(2, "a", "x"))
+    assert as_tuples(update_changes(DEFAULT, msg, 10)) == [
+        ("d", {"id": 1}, row(1, None, None), None, []),
+        ("c", {"id": 2}, None, row(2, "a", "x"), []),
+    ]
+
+
+def test_old_key_sent_but_equal_is_a_plain_update() -> None:
+    # PostgreSQL also logs the old key when a key column is TOASTed; that is no key change.
+    msg = Update(None, 4242, "K", tup(1, None, None), tup(1, "a", "y"))
+    assert as_tuples(update_changes(DEFAULT, msg, 10)) == [
+        ("u", {"id": 1}, None, row(1, "a", "y"), [])
+    ]
+
+
+def test_full_update_has_whole_before_and_splits_pk_change() -> None:
+    same = Update(None, 4242, "O", tup(1, "a", "x"), tup(1, "a", "y"))
+    assert as_tuples(update_changes(FULL_PK, same, 10)) == [
+        ("u", {"id": 1}, row(1, "a", "x"), row(1, "a", "y"), [])
+    ]
+    moved = Update(None, 4242, "O", tup(1, "a", "x"), tup(2, "a", "x"))
+    assert as_tuples(update_changes(FULL_PK, moved, 10)) == [
+        ("d", {"id": 1}, row(1, "a", "x"), None, []),
+        ("c", {"id": 2}, None, row(2, "a", "x"), []),
+    ]
+
+
+def test_full_without_pk_keeps_updates_keyed_by_the_old_row() -> None:
+    msg = Update(None, 4242, "O", tup(1, "a", "x"), tup(1, "a", "y"))
+    assert as_tuples(update_changes(FULL_NO_PK, msg, 10)) == [
+        ("u", row(1, "a", "x"), row(1, "a", "x"), row(1, "a", "y"), [])
+    ]
+
+
+def test_index_identity_before_is_index_columns() -> None:
+    msg = Delete(None, 4242, "K", tup(None, "a", None))
+    assert as_tuples(delete_changes(INDEX, msg, 10)) == [
+        ("d", {"code": "a"}, row(None, "a", None), None, [])
+    ]
+    moved = Update(None, 4242, "K", tup(None, "a", None), tup(1, "b", "x"))
+    assert [c.op for c in update_changes(INDEX, moved, 10)] == ["d", "c"]
+
+
+def test_unchanged_toast_listed_and_null() -> None:
+    msg = Update(None, 4242, None, None, tup(1, "a", UNCHANGED_TOAST))
+    (change,) = update_changes(DEFAULT, msg, 10)
+    assert change.after == row(1, "a", None)
+    assert change.unchanged_toast == ["val"]
+    env = envelope(change, {"table": "t"}, None, 5)
+    assert env["unchanged_toast"] == ["val"] and env["after"]["val"] is None
+
+
+def test_toasted_key_column_taken_from_old_tuple() -> None:
+    msg = Update(None, 4242, "K", tup(None, "a", None), tup(1, UNCHANGED_TOAST, "y"))
+    (change,) = update_changes(INDEX, msg, 10)
+    assert change.op == "u" and change.key == {"code": "a"}
+    assert change.unchanged_toast == ["code"]
+
+
+def test_key_changed_ignores_unchanged_toast() -> None:
+    assert not key_changed((0,), tup(1, None, None), tup(UNCHANGED_TOAST, "a", "b"))
+    assert key_changed((0,), tup(1, None, None), tup(2, "a", "b"))
+
+
+def test_shape_split_rules() -> None:
+    assert DEFAULT.split_key_changes and FULL_PK.split_key_changes and INDEX.split_key_changes
+    assert not FULL_NO_PK.split_key_changes and not NOTHING.split_key_changes
+    assert not NOTHING.keyed
+
+
+def test_transaction_order_and_markers() -> None:
+    tx = Transaction(7451, 23456789, 0)
+    assert tx.id == transaction_id(7451, 23456789) == "7451:23456789"
+    assert tx.commit_ts_ms == pg_ts_to_ms(0) == 946_684_800_000
+    orders = [tx.next_order(c) for c in ("public.a", "public.b", "public.a", "db.message")]
+    assert [(o.total_order, o.data_collection_order) for o in orders] == [
+        (1, 1), (2, 1), (3, 2), (4, 1)
+    ]  # fmt: skip
+    assert tx.block(orders[2]) == {
+        "id": "7451:23456789",
+        "total_order": 3,
+        "data_collection_order": 2,
+    }
+    begin, end = tx.begin_marker(), tx.end_marker()
+    assert begin["status"] == "BEGIN" and begin["event_count"] is None
+    assert end == {
+        "status": "END",
+        "id": "7451:23456789",
+        "event_count": 4,
+        "data_collections": [
+            {"data_collection": "public.a", "event_count": 2},
+            {"data_collection": "public.b", "event_count": 1},
+            {"data_collection": "db.message", "event_count": 1},
+        ],
+        "ts_ms": 946_684_800_000,
+        "commit_lsn": 23456789,
+    }
+
+
+def test_envelopes_encode_with_the_registered_schema() -> None:
+    from schemas.envelope import transaction_metadata_schema
+    from schemas.wire import AvroDecoder, AvroEncoder
+
+    codec = DEFAULT.codec
+    source = {
+        "version": "0", "connector": "postgresql", "name": "db", "ts_ms": 1, "snapshot": "false",
+        "db": "db", "sequence": None, "schema": "public", "table": "t", "txId": 5, "lsn": 9,
+        "commit_lsn": 10, "xmin": None,
+    }  # fmt: skip
+    (change,) = insert_changes(DEFAULT, Insert(None, 4242, tup(1, "a", None)), 9)
+    tx = Transaction(5, 10, 0)
+    value = envelope(change, source, tx.block(tx.next_order("public.t")), 123)
+    encoded = AvroEncoder(codec.envelope_schema, 77).encode(value)
+    assert encoded[:5] == b"\x00\x00\x00\x00\x4d"
+    assert AvroDecoder(codec.envelope_schema).decode(encoded) == value
+    marker = AvroEncoder(transaction_metadata_schema(), 1).encode(tx.end_marker())
+    assert AvroDecoder(transaction_metadata_schema()).decode(marker) == tx.end_marker()
+    assert dataclasses.is_dataclass(change)
