@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -48,10 +49,48 @@ class Run:
     seconds: float
     changes: int
     cpu_seconds: float  # the reader's own CPU (user + system), excluding the walsender
+    walsender_cpu: float | None = None  # the serving walsender's CPU, when /proc shows it
 
     @property
     def rate(self) -> float:
         return self.changes / self.seconds
+
+
+class WalsenderCpu:
+    """Samples the CPU time of the walsender serving ``slot`` (same machine only) in a thread,
+    to tell a slow reader apart from a starved walsender on a shared machine."""
+
+    def __init__(self, dsn: str, slot: str) -> None:
+        self._dsn, self._slot = dsn, slot
+        self._ticks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> WalsenderCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float | None:
+        return sum(self._ticks.values()) / os.sysconf("SC_CLK_TCK") if self._ticks else None
+
+    def _sample(self) -> None:
+        with psycopg.connect(self._dsn, autocommit=True) as db:
+            while not self._stop.wait(0.05):
+                row = db.execute(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    (self._slot,),
+                ).fetchone()
+                if row and row[0]:
+                    try:
+                        fields = Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue  # the walsender just exited, or another machine's
+                    self._ticks[row[0]] = int(fields[11]) + int(fields[12])  # utime + stime
 
 
 def pg_dsn() -> str:
@@ -101,9 +140,11 @@ def time_recvlogical(dsn: str, slot: str, publication: str, end_lsn: int, change
         "-f", "/dev/null",
     ]  # fmt: skip
     cpu_before = _children_cpu()
-    began = time.perf_counter()
-    subprocess.run(command, check=True)
-    return Run("pg_recvlogical", time.perf_counter() - began, changes, _children_cpu() - cpu_before)
+    with WalsenderCpu(dsn, slot) as walsender:
+        began = time.perf_counter()
+        subprocess.run(command, check=True)
+        seconds = time.perf_counter() - began
+    return Run("pg_recvlogical", seconds, changes, _children_cpu() - cpu_before, walsender.seconds)
 
 
 def _children_cpu() -> float:
@@ -118,34 +159,36 @@ def time_client(dsn: str, slot: str, publication: str, end_lsn: int) -> Run:
     decoder = Decoder()
     decode = decoder.decode
     inserts = 0
-    cpu_before = time.process_time()
-    began = time.perf_counter()
-    with ReplicationClient(dsn, config) as client:
-        client.open()
-        # The same stop rule as pg_recvlogical --endpos: data past end, or the server
-        # reporting (keepalive) that it has sent everything up to end.
-        for item in client.stream(idle_after=0.01):
-            if item is None:
-                if client.server_wal_end >= end_lsn:
+    with WalsenderCpu(dsn, slot) as walsender:
+        cpu_before = time.process_time()  # includes the sampler thread's few queries
+        began = time.perf_counter()
+        with ReplicationClient(dsn, config) as client:
+            client.open()
+            # The same stop rule as pg_recvlogical --endpos: data past end, or the server
+            # reporting (keepalive) that it has sent everything up to end.
+            for item in client.stream(idle_after=0.01):
+                if item is None:
+                    if client.server_wal_end >= end_lsn:
+                        break
+                    continue
+                payload, wal_start, _wal_end = item
+                if wal_start > end_lsn:
                     break
-                continue
-            payload, wal_start, _wal_end = item
-            if wal_start > end_lsn:
-                break
-            message = decode(payload)
-            if type(message) is Insert:
-                inserts += 1
-            elif type(message) is Commit:
-                client.confirm(message.end_lsn)
-    seconds = time.perf_counter() - began
-    return Run("client", seconds, inserts, time.process_time() - cpu_before)
+                message = decode(payload)
+                if type(message) is Insert:
+                    inserts += 1
+                elif type(message) is Commit:
+                    client.confirm(message.end_lsn)
+        seconds = time.perf_counter() - began
+        cpu = time.process_time() - cpu_before
+    return Run("client", seconds, inserts, cpu, walsender.seconds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--tx-size", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2, help="each round runs both readers once")
+    parser.add_argument("--rounds", type=int, default=3, help="each round runs both readers once")
     args = parser.parse_args()
 
     dsn = pg_dsn()
@@ -205,6 +248,7 @@ def main() -> None:
                         f"round {round_no + 1} {run.name:15s} {run.seconds:7.2f}s"
                         f" {run.rate:10,.0f} changes/s   reader CPU {run.cpu_seconds:6.2f}s"
                         f" ({run.cpu_seconds / run.seconds:4.0%} of one core)"
+                        f"   walsender CPU {run.walsender_cpu or float('nan'):6.2f}s"
                     )
             recv = statistics.median(r.rate for r in runs if r.name == "pg_recvlogical")
             client = statistics.median(r.rate for r in runs if r.name == "client")

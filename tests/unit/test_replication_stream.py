@@ -333,3 +333,14 @@ def test_with_idle_rejects_non_positive() -> None:
     clock = FakeClock()
     with pytest.raises(ReplicationError):
         make_stream([FakeConn([], clock)], clock).with_idle(0)
+
+
+@pytest.mark.parametrize("frame", [b"w" + b"\x00" * 10, b"k" + b"\x00" * 3])
+def test_truncated_frames_name_slot_and_lsn(frame: bytes) -> None:
+    clock = FakeClock()
+    stream = make_stream([FakeConn([frame], clock)], clock)
+    stream.confirm(0x2A)
+    with pytest.raises(ReplicationError) as info:
+        next(iter(stream))
+    assert info.value.kind is ErrorKind.PROTOCOL
+    assert "slot 's'" in str(info.value) and "lsn 0/2A" in str(info.value)
