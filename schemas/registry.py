@@ -30,9 +30,9 @@ from schemas.errors import RegistryError, RegistryUnavailableError, SchemaEvolut
 from schemas.relation import RelationCodec
 
 try:  # confluent-kafka >= 2.12 ships httpx as 'httpx2' on Python >= 3.10
-    from httpx2 import TransportError
+    from httpx2 import TransportError, UnsupportedProtocol
 except ImportError:  # pragma: no cover - older confluent-kafka
-    from httpx import TransportError  # type: ignore[no-redef]
+    from httpx import TransportError, UnsupportedProtocol  # type: ignore[no-redef]
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,15 @@ class SchemaRegistry:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config = config
-        self._client = client or SchemaRegistryClient(
-            {**config.client_config, "url": config.url, "max.retries": 0}
+        if client is None:
+            # new_client: a mock:// URL gives confluent-kafka's in-memory registry (tests, dry runs).
+            client = SchemaRegistryClient.new_client(
+                {**config.client_config, "url": config.url, "max.retries": 0}
+            )
+        self._client = client
+        # confluent-kafka's mock registry implements no /config endpoint (nor compatibility checks).
+        self._manage_compatibility = config.manage_compatibility and not config.url.startswith(
+            "mock://"
         )
         self._on_call = on_call
         self._on_retry = on_retry
@@ -202,7 +209,7 @@ class SchemaRegistry:
     # -- internals -----------------------------------------------------------------------
 
     def _ensure_compatibility(self, subject: str) -> None:
-        if not self.config.manage_compatibility or subject in self._configured:
+        if not self._manage_compatibility or subject in self._configured:
             return
         level = self.config.compatibility_for(subject)
         try:
@@ -251,6 +258,8 @@ class SchemaRegistry:
                 if exc.http_status_code not in _RETRIABLE_STATUS:
                     raise
                 error: BaseException = exc
+            except UnsupportedProtocol as exc:  # a configuration error: retrying cannot help
+                raise RegistryError(subject, 0, -1, f"{operation}: {exc}") from exc
             except (TransportError, OSError) as exc:
                 error = exc
             if self.config.max_attempts and attempt >= self.config.max_attempts:

@@ -75,7 +75,7 @@ def eight_column(
     )  # fmt: skip
     binary = (
         Value(struct.pack("!q", i), True), Value(b"customer name %d" % i, True),
-        Value(bytes(_dump_numeric_binary(amount)), True), Value(_ts_binary(created), True),
+        Value(bytes(_dump_numeric_binary(amount) or b""), True), Value(_ts_binary(created), True),
         Value(b"\x01" + doc, True), Value(b"\x01", True),
         Value(_text_array_binary([b"alpha", b"beta", b"gamma delta"]), True), Value(b"happy", True),
     )  # fmt: skip
