@@ -250,3 +250,81 @@ class TopicReader:
         if data is None:
             return None
         return self._deserializer(data, SerializationContext(topic, field))
+
+
+def metric(producer: ProducerProcess, name: str) -> float:
+    """Sum of a metric's samples (0 when absent or the endpoint is down)."""
+    try:
+        status, body = producer.http("/metrics")
+    except OSError:
+        return 0.0
+    if status != 200:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def create_counter_table(dsn: str, name: str) -> None:
+    sql(dsn, f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, pad text)")
+
+
+def insert_batches(
+    dsn: str, table: str, first_id: int, n_tx: int, rows: int, pause: float = 0.0
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(n_tx):
+            lo = first_id + i * rows
+            conn.execute(
+                f"INSERT INTO {table} SELECT g, 0, 'p' || g FROM generate_series(%s::int, %s::int) g",  # type: ignore[arg-type]
+                (lo, lo + rows - 1),
+            )
+            if pause:
+                time.sleep(pause)
+
+
+def update_batches(
+    dsn: str, table: str, first_id: int, n_tx: int, rows: int, pause: float = 0.0
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(n_tx):
+            lo = first_id + i * rows
+            conn.execute(
+                f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s::int AND %s::int",  # type: ignore[arg-type]
+                (lo, lo + rows - 1),
+            )
+            if pause:
+                time.sleep(pause)
+
+
+def verify_counter_table(records: list[Record], dsn: str, table: str, changes: int) -> int:
+    """No loss, per-key order, identical duplicates, final state equal to PostgreSQL's.
+
+    Returns the number of duplicates seen."""
+    first: dict[tuple[int, int], dict[str, Any]] = {}
+    last_per_key: dict[int, tuple[int, int]] = {}
+    partition_of: dict[int, int] = {}
+    final: dict[int, dict[str, Any] | None] = {}
+    duplicates = 0
+    for r in records:  # partition order is preserved by the reader
+        v = r.value
+        dedup = (v["source"]["commit_lsn"], v["transaction"]["total_order"])
+        body = {k: val for k, val in v.items() if k != "ts_ms"}
+        if dedup in first:
+            assert first[dedup] == body, f"duplicate {dedup} differs"
+            duplicates += 1
+            continue
+        first[dedup] = body
+        key = r.key["id"]
+        assert partition_of.setdefault(key, r.partition) == r.partition, f"key {key} moved"
+        assert last_per_key.get(key, (-1, -1)) < dedup, f"key {key} out of order at {dedup}"
+        last_per_key[key] = dedup
+        final[key] = v["after"]
+    assert len(first) == changes, f"{len(first)} distinct events, expected {changes}"
+    rows = query(dsn, f"SELECT id, v, pad FROM {table}")
+    assert len(rows) == len(final)
+    for id_, val, pad in rows:
+        assert final[id_] == {"id": id_, "v": val, "pad": pad}
+    return duplicates
