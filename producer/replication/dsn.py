@@ -28,9 +28,15 @@ def redact_dsn(dsn: str) -> str:
 
 def replication_conninfo(dsn: str, *, application_name: str, connect_timeout: int) -> bytes:
     """The DSN for a walsender connection in database mode (logical decoding needs a database);
-    the caller's application_name / connect_timeout win when already set."""
+    the caller's application_name / connect_timeout win when already set.
+
+    client_encoding is forced to UTF8: pgoutput converts names and text values to the client
+    encoding, and the decoder (names) and value converters (text) read UTF-8. A DSN or
+    PGCLIENTENCODING asking for another encoding would otherwise garble both.
+    """
     params = _parse(dsn)
     params["replication"] = "database"
+    params["client_encoding"] = "UTF8"
     params.setdefault("application_name", application_name)
     params.setdefault("connect_timeout", str(connect_timeout))
     return conninfo.make_conninfo("", **params).encode()

@@ -15,7 +15,16 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from producer.pgoutput import Begin, Commit, Decoder, Insert, PgOutputMessage, Relation, parse_lsn
+from producer.pgoutput import (
+    Begin,
+    Commit,
+    Decoder,
+    Insert,
+    PgOutputMessage,
+    Relation,
+    Value,
+    parse_lsn,
+)
 from producer.replication import (
     ErrorKind,
     ReconnectPolicy,
@@ -238,6 +247,27 @@ def test_hostile_names_are_quoted_end_to_end(env: Env) -> None:
         env.admin.execute(
             sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication))
         )
+
+
+def test_names_and_text_arrive_as_utf8_whatever_the_dsn_encoding(env: Env) -> None:
+    # pgoutput converts to the client encoding; a LATIN1 DSN must not reach the walsender.
+    table = "tablé"
+    env.admin.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(
+            sql.Identifier(env.schema, table)
+        )
+    )
+    latin1 = make_conninfo(env.dsn, client_encoding="LATIN1")
+    with ReplicationClient(latin1, env.config(table)) as client:
+        set_up(env, client)
+        env.write(
+            sql.SQL("INSERT INTO {} VALUES (1, 'é€')").format(sql.Identifier(env.schema, table))
+        )
+        messages = read_until_commit(client.stream(idle_after=0.2), Decoder())
+    (rel,) = [m for m in messages if isinstance(m, Relation)]
+    (ins,) = [m for m in messages if isinstance(m, Insert)]
+    assert rel.name == table
+    assert isinstance(ins.new[1], Value) and ins.new[1].data == "é€".encode()
 
 
 def test_publication_for_all_tables_then_reused(env: Env) -> None:

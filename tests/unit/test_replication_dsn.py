@@ -43,6 +43,7 @@ def test_replication_conninfo_adds_database_mode() -> None:
         "host": "db",
         "dbname": "app",
         "replication": "database",
+        "client_encoding": "UTF8",
         "application_name": "wb",
         "connect_timeout": "7",
     }
@@ -57,6 +58,16 @@ def test_caller_settings_win() -> None:
         ).decode()
     )
     assert (params["application_name"], params["connect_timeout"]) == ("mine", "3")
+
+
+def test_replication_conninfo_forces_utf8_whatever_the_dsn_says() -> None:
+    # pgoutput sends names and text values in the client encoding; the decoder reads UTF-8.
+    params = conninfo_to_dict(
+        replication_conninfo(
+            "host=db client_encoding=LATIN1", application_name="wb", connect_timeout=7
+        ).decode()
+    )
+    assert params["client_encoding"] == "UTF8"
 
 
 def test_sql_conninfo_drops_replication() -> None:
