@@ -174,7 +174,7 @@ class SchemaRegistry:
         cached = self._ids.get((subject, text))
         if cached is not None:
             return cached
-        self._ensure_compatibility(subject)
+        configured = self._ensure_compatibility(subject)
         try:
             schema_id = self._call(
                 "register",
@@ -194,6 +194,10 @@ class SchemaRegistry:
                 subject, exc.http_status_code, exc.error_code, str(exc.error_message)
             ) from exc
         self._ids[(subject, text)] = schema_id
+        if not configured and not self._ensure_compatibility(subject):
+            raise RegistryError(
+                subject, 404, -1, "subject still unknown after registering a version"
+            )
         return schema_id
 
     def register_relation(self, codec: RelationCodec, lsn: int | None = None) -> RegisteredIds:
@@ -208,15 +212,23 @@ class SchemaRegistry:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _ensure_compatibility(self, subject: str) -> None:
+    def _ensure_compatibility(self, subject: str) -> bool:
+        """Set the subject's level once; False if the subject must exist first.
+
+        Apicurio's ccompat API answers 404 to a config change of a subject that has no
+        version yet (Confluent's accepts it): then the first version is registered (nothing to
+        be compatible with) and the level is set right after it.
+        """
         if not self._manage_compatibility or subject in self._configured:
-            return
+            return True
         level = self.config.compatibility_for(subject)
         try:
             self._call(
                 "set_compatibility", subject, lambda: self._client.set_compatibility(subject, level)
             )
         except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                return False
             raise RegistryError(
                 subject,
                 exc.http_status_code,
@@ -224,6 +236,7 @@ class SchemaRegistry:
                 f"setting compatibility {level}: {exc.error_message}",
             ) from exc
         self._configured.add(subject)
+        return True
 
     def _describe_refusal(
         self, subject: str, new: AvroSchema
