@@ -212,7 +212,7 @@ def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -
     """Check the publication; create it (table list, or FOR ALL TABLES when no tables are
     configured) when missing. An existing publication is never altered: a difference that
     would change what we stream is an error for the operator to resolve."""
-    info = _read_publication(session, config.publication)
+    info = _read_publication(session, config.publication, slot=config.slot)
     created = False
     if info is None:
         if not config.create_publication:
@@ -234,14 +234,16 @@ def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -
                 server_message=str(exc),
                 sqlstate=exc.sqlstate,
             ) from exc
-        info = _read_publication(session, config.publication)
+        info = _read_publication(session, config.publication, slot=config.slot)
         if info is None:
             raise ReplicationError(
                 ErrorKind.PUBLICATION,
                 f"publication {config.publication!r} vanished after creation",
                 slot=config.slot,
             )
-    _check_publication(info, config)
+    # FOR ALL TABLES also covers tables created later, so only a table list can miss one.
+    unpublished = [] if info.all_tables else _unpublished_tables(session, config)
+    _check_publication(info, config, unpublished)
     return PublicationInfo(
         info.name,
         created,
@@ -267,7 +269,9 @@ def _create_publication_sql(config: ReplicationConfig) -> sql.Composed:
     )
 
 
-def _read_publication(session: psycopg.Connection, name: str) -> PublicationInfo | None:
+def _read_publication(
+    session: psycopg.Connection, name: str, *, slot: str
+) -> PublicationInfo | None:
     row = session.execute(
         "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot"
         " FROM pg_publication WHERE pubname = %s",
@@ -281,6 +285,7 @@ def _read_publication(session: psycopg.Connection, name: str) -> PublicationInfo
             ErrorKind.PUBLICATION,
             f"publication {name!r} must publish insert, update and delete "
             f"(insert={ins}, update={upd}, delete={dele})",
+            slot=slot,
         )
     tables = tuple(
         TableName(schema, table)
@@ -293,7 +298,51 @@ def _read_publication(session: psycopg.Connection, name: str) -> PublicationInfo
     return PublicationInfo(name, False, all_tables, tables, via_root, trunc)
 
 
-def _check_publication(info: PublicationInfo, config: ReplicationConfig) -> None:
+# pg_publication_tables lists what is published under its published name: the partition root
+# with publish_via_partition_root, else the leaf partitions. So a configured table counts as
+# published when it, an ancestor, or one of its leaf partitions is listed.
+_UNPUBLISHED_TABLES = """
+SELECT cfg.schema_name, cfg.table_name
+FROM unnest(%(schemas)s::text[], %(tables)s::text[]) AS cfg(schema_name, table_name)
+CROSS JOIN LATERAL (
+    SELECT to_regclass(format('%%I.%%I', cfg.schema_name, cfg.table_name)) AS relid
+) AS t
+WHERE NOT EXISTS (
+    SELECT 1
+    FROM pg_publication_tables pt
+    JOIN pg_namespace n ON n.nspname = pt.schemaname
+    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+    WHERE pt.pubname = %(publication)s
+      AND c.oid IN (
+        SELECT t.relid  -- the partition functions return nothing for a plain table
+        UNION ALL
+        SELECT relid FROM pg_partition_ancestors(t.relid)
+        UNION ALL
+        SELECT relid FROM pg_partition_tree(t.relid) WHERE isleaf
+      )
+)
+ORDER BY 1, 2
+"""
+
+
+def _unpublished_tables(session: psycopg.Connection, config: ReplicationConfig) -> list[TableName]:
+    """The configured tables whose changes the publication would not send."""
+    if not config.tables:
+        return []
+    rows = session.execute(
+        _UNPUBLISHED_TABLES,
+        {
+            "schemas": [t.schema for t in config.tables],
+            "tables": [t.name for t in config.tables],
+            "publication": config.publication,
+        },
+    ).fetchall()
+    return [TableName(schema, table) for schema, table in rows]
+
+
+def _check_publication(
+    info: PublicationInfo, config: ReplicationConfig, unpublished: list[TableName]
+) -> None:
     if info.publish_via_partition_root != config.publish_via_partition_root:
         raise ReplicationError(
             ErrorKind.PUBLICATION,
@@ -301,10 +350,9 @@ def _check_publication(info: PublicationInfo, config: ReplicationConfig) -> None
             f"{info.publish_via_partition_root}, configured {config.publish_via_partition_root}",
             slot=config.slot,
         )
-    missing = [str(t) for t in config.tables if not info.all_tables and t not in info.tables]
-    if missing:
+    if unpublished:
         raise ReplicationError(
             ErrorKind.PUBLICATION,
-            f"publication {info.name!r} does not include {', '.join(missing)}",
+            f"publication {info.name!r} does not include {', '.join(map(str, unpublished))}",
             slot=config.slot,
         )

@@ -279,6 +279,34 @@ def test_publication_for_all_tables_then_reused(env: Env) -> None:
     assert TableName(env.schema, "t") in created.tables
 
 
+@pytest.mark.parametrize("via_root", [False, True])
+def test_publication_of_a_partitioned_table_is_accepted_either_way(
+    env: Env, via_root: bool
+) -> None:
+    # pg_publication_tables lists the leaves without publish_via_partition_root, the root
+    # with it; both publish the configured root's changes.
+    env.admin.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY) PARTITION BY RANGE (id)").format(
+            sql.Identifier(env.schema, "parted")
+        )
+    )
+    env.admin.execute(
+        sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (0) TO (100)").format(
+            sql.Identifier(env.schema, "leaf"), sql.Identifier(env.schema, "parted")
+        )
+    )
+    config = env.config("parted", publish_via_partition_root=via_root)
+    with ReplicationClient(env.dsn, config) as client:
+        created = client.ensure_publication()
+        reused = client.ensure_publication()
+    assert created.created and not reused.created
+    assert created.tables == (TableName(env.schema, "parted" if via_root else "leaf"),)
+    # A configured leaf is published through its root, too.
+    leaf = env.config("leaf", publish_via_partition_root=via_root)
+    with ReplicationClient(env.dsn, leaf) as client:
+        assert not client.ensure_publication().created
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
