@@ -8,6 +8,7 @@ Scala binaries always match the Python side.
 from __future__ import annotations
 
 import os
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -55,6 +56,9 @@ def build_session(
 ) -> SparkSession:
     """A session with Kafka, Avro and Delta; sized for a small machine unless overridden."""
     ivy = walbridge_home() / "ivy2"
+    # Python workers (mapInArrow, UDFs) must run this interpreter: the venv has pyarrow and
+    # fastavro, a bare `python3` on PATH may not. PySpark reads only the environment for this.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master or os.environ.get("WALBRIDGE_SPARK_MASTER", "local[2]"))

@@ -14,22 +14,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pyspark import StorageLevel  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark import StorageLevel
+from pyspark.sql import functions as F
 
-from spark_consumer.conversions import DEFAULT_CONVERSIONS  # noqa: E402
-from spark_consumer.decode import table_events, with_envelope_from_avro  # noqa: E402
-from spark_consumer.decode_fastavro import with_envelope_fastavro  # noqa: E402
-from spark_consumer.envelope import row_fields  # noqa: E402
-from spark_consumer.registry import WriterSchemas  # noqa: E402
-from spark_consumer.session import build_session  # noqa: E402
-from tests.support.event_writer import (  # noqa: E402
+from spark_consumer.conversions import DEFAULT_CONVERSIONS
+from spark_consumer.decode import table_events, with_envelope_from_avro
+from spark_consumer.decode_fastavro import with_envelope_fastavro
+from spark_consumer.envelope import row_fields
+from spark_consumer.registry import WriterSchemas
+from spark_consumer.session import build_session
+from tests.support.event_writer import (
     ColumnSpec,
     EventWriter,
     TableSpec,
     registry_client,
 )
-from tests.support.spark import KafkaLog  # noqa: E402
+from tests.support.spark import KafkaLog
 
 TABLE = TableSpec("public", "bench", (
     ColumnSpec("id", "long", "int8"), ColumnSpec("a", "int", "int4"),

@@ -43,7 +43,7 @@ AUDIT = TableSpec("bank", "audit", (ColumnSpec("msg", "string", "text"),), ())
 
 
 class Harness:
-    def __init__(self, spark: SparkSession, kafka: str, registry: str, tmp: Path,
+    def __init__(self, spark: SparkSession, kafka: str, registry: str, tmp: Path,  # noqa: F811
                  quarantine: bool = False, decoder: Decoder = Decoder.FROM_AVRO) -> None:
         self.spark = spark
         self.kafka = kafka
@@ -158,7 +158,7 @@ def test_poison_record_quarantined(spark: SparkSession, kafka_bootstrap: str,  #
                                    registry_url: str, tmp_path: Path) -> None:
     h = Harness(spark, kafka_bootstrap, registry_url, tmp_path, quarantine=True)
     t1 = h.writer.transaction(1, 100).insert(AUDIT, {"msg": "kept"})
-    h.send([KafkaRecord(AUDIT.topic(h.prefix), None, b"\x00\x00\x0f\xff\xffjunk")] + t1.records())
+    h.send([KafkaRecord(AUDIT.topic(h.prefix), None, b"\x00\x00\x0f\xff\xffjunk"), *t1.records()])
     h.run()
     assert [r["msg"] for r in h.rows("bank", "audit")] == ["kept"]
     q = spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()

@@ -66,7 +66,7 @@ def test_verify_config_tables() -> None:
     cfg = parse_verify([], {"WALBRIDGE_PG_DSN": "dbname=x", "WALBRIDGE_LAKE_PATH": "/l",
                             "WALBRIDGE_PUBLICATION": "p", "WALBRIDGE_TABLES": "public.a, s.b"})
     assert cfg.tables == ("public.a", "s.b")
-    with pytest.raises(ConfigError, match="schema.table"):
+    with pytest.raises(ConfigError, match=r"schema\.table"):
         parse_verify(["--tables", "a"], {"WALBRIDGE_PG_DSN": "x", "WALBRIDGE_LAKE_PATH": "/l",
                                          "WALBRIDGE_PUBLICATION": "p"})
 
