@@ -216,9 +216,7 @@ def parse_message(r: Reader, in_stream: bool) -> Message:
         raise r.error(DecodeErrorKind.BAD_VALUE, f"unknown message flag bits {flags:#04x}", at)
     lsn = r.read_u64("lsn")
     prefix = r.read_cstring("prefix")
-    at = r.pos
-    length = r.read_i32("content length")
-    r.check_count(length, "content length", 1, at)
+    length = r.read_count("content length", 1)
     return Message(
         xid=xid,
         transactional=bool(flags & _MESSAGE_TRANSACTIONAL),
@@ -276,15 +274,21 @@ def parse_begin_prepare(r: Reader, in_stream: bool) -> BeginPrepare:
     )
 
 
-def parse_prepare(r: Reader, in_stream: bool) -> Prepare:
-    return Prepare(
-        flags=r.read_u8("flags"),
-        prepare_lsn=r.read_u64("prepare_lsn"),
-        end_lsn=r.read_u64("end_lsn"),
-        prepare_ts=r.read_i64("prepare_ts"),
-        xid=r.read_u32("xid"),
-        gid=r.read_cstring("gid"),
+def _prepare_fields(r: Reader) -> tuple[int, int, int, int, int, str]:
+    """Prepare and Stream Prepare share one layout: flags, prepare_lsn, end_lsn,
+    prepare_ts, xid, gid."""
+    return (
+        r.read_u8("flags"),
+        r.read_u64("prepare_lsn"),
+        r.read_u64("end_lsn"),
+        r.read_i64("prepare_ts"),
+        r.read_u32("xid"),
+        r.read_cstring("gid"),
     )
+
+
+def parse_prepare(r: Reader, in_stream: bool) -> Prepare:
+    return Prepare(*_prepare_fields(r))
 
 
 def parse_commit_prepared(r: Reader, in_stream: bool) -> CommitPrepared:
@@ -311,14 +315,7 @@ def parse_rollback_prepared(r: Reader, in_stream: bool) -> RollbackPrepared:
 
 
 def parse_stream_prepare(r: Reader, in_stream: bool) -> StreamPrepare:
-    return StreamPrepare(
-        flags=r.read_u8("flags"),
-        prepare_lsn=r.read_u64("prepare_lsn"),
-        end_lsn=r.read_u64("end_lsn"),
-        prepare_ts=r.read_i64("prepare_ts"),
-        xid=r.read_u32("xid"),
-        gid=r.read_cstring("gid"),
-    )
+    return StreamPrepare(*_prepare_fields(r))
 
 
 # Tag byte -> (protocol message name, parser). A tag missing here is an error, never skipped.
