@@ -122,7 +122,7 @@ def inspect_slot(session: psycopg.Connection, slot: str) -> SlotState | None:
     )
 
 
-def check_slot_usable(state: SlotState, *, dbname: str, own_pid: int | None = None) -> None:
+def check_slot_usable(state: SlotState, *, dbname: str) -> None:
     """Refuse a slot we must not stream from; each refusal says what to do about it."""
     if state.slot_type != "logical" or state.plugin != "pgoutput":
         raise ReplicationError(
@@ -139,7 +139,7 @@ def check_slot_usable(state: SlotState, *, dbname: str, own_pid: int | None = No
             slot=state.slot_name,
             lsn=state.confirmed_flush_lsn,
         )
-    if state.active_pid is not None and state.active_pid != own_pid:
+    if state.active_pid is not None:
         raise ReplicationError(
             ErrorKind.SLOT_ACTIVE,
             f"slot is in use by the process with pid {state.active_pid}; "

@@ -53,7 +53,7 @@ def test_wal_level_logical_passes() -> None:
 
 def test_usable_slot_passes() -> None:
     check_slot_usable(GOOD, dbname="app")
-    check_slot_usable(replace(GOOD, active_pid=42), dbname="app", own_pid=42)
+    check_slot_usable(replace(GOOD, wal_status="extended"), dbname="app")
 
 
 @pytest.mark.parametrize(
