@@ -111,6 +111,7 @@ class Pipeline:
         self._skipping = False  # a transaction resent after a reconnect, already produced
         self._last_commit_lsn = 0
         self._since_poll = 0
+        self._counts: dict[str, list[int]] = {}  # topics without a TableRoute (markers, messages)
         self._next_heartbeat = 0.0
         self._next_status = 0.0
         self.client: ReplicationClient | None = None
@@ -302,6 +303,7 @@ class Pipeline:
         assert self.sink is not None
         self.sink.poll(0)
         self._confirm_acked()
+        self._flush_counts()
         self.health.progress()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
@@ -352,7 +354,7 @@ class Pipeline:
             block = tx.block(tx.next_order(route.table))
             source = self._fill_source(route.source, tx, lsn)
             value = route.value_encoder.encode(truncate_envelope(source, block, _now_ms()))
-            self._produce(route.topic, route.table, None, value)
+            self._produce(route.topic, route.counts, None, value)
 
     def _on_message(self, message: Message, lsn: int) -> None:
         if self._skipping:
@@ -370,7 +372,7 @@ class Pipeline:
             value = self.msg_value.encode(
                 message_envelope(message.prefix, message.content, source, block, _now_ms())
             )
-            self._produce(self.msg_topic, self.msg_topic, key, value)
+            self._produce(self.msg_topic, self._counts_for(self.msg_topic), key, value)
             return
         if self._tx is not None:
             raise StreamStateError("non-transactional Message inside a transaction", lsn)
@@ -413,34 +415,57 @@ class Pipeline:
             self._produce_marker(tx.begin_marker())
         block = tx.block(tx.next_order(route.table))
         source = self._fill_source(route.source, tx, lsn)
-        value = route.value_encoder.encode(envelope(change, source, block, _now_ms()))
+        value = route.value_encoder.encode(
+            envelope(change, route.row_record, source, block, _now_ms())
+        )
         key = None
         if change.key is not None and route.key_encoder is not None:
             key = route.key_encoder.encode(change.key)
-        self._produce(route.topic, route.table, key, value)
+        self._produce(route.topic, route.counts, key, value)
 
     def _produce_marker(self, marker: dict[str, Any]) -> None:
         tx = self._tx
         assert tx is not None
         self._produce(
             self.tx_topic,
-            self.tx_topic,
+            self._counts_for(self.tx_topic),
             self.tx_key.encode(tx.marker_key()),
             self.tx_value.encode(marker),
         )
 
-    def _produce(self, topic: str, table: str, key: bytes | None, value: bytes) -> None:
+    def _counts_for(self, name: str) -> list[int]:
+        counts = self._counts.get(name)
+        if counts is None:
+            counts = self._counts[name] = [0, 0]
+        return counts
+
+    def _flush_counts(self) -> None:
+        """Per-table counts go to Prometheus per commit, not per event (labels() + a locked
+        inc() per event cost more than the Kafka produce call)."""
+        for route in self.tables.routes.values():
+            self._flush_count(route.table, route.counts)
+        for name, counts in self._counts.items():
+            self._flush_count(name, counts)
+
+    def _flush_count(self, name: str, counts: list[int]) -> None:
+        if counts[0]:
+            self.metrics.events.labels(name).inc(counts[0])
+            self.metrics.event_bytes.labels(name).inc(counts[1])
+            counts[0] = counts[1] = 0
+
+    def _produce(self, topic: str, counts: list[int], key: bytes | None, value: bytes) -> None:
         ticket, callback, sink = self._ticket, self._callback, self.sink
         assert ticket is not None and callback is not None and sink is not None
         ticket.outstanding += 1  # before produce: a delivery report can't come earlier
         sink.produce(topic, key, value, callback, self._keep_alive)
-        self.metrics.events.labels(table).inc()
-        self.metrics.event_bytes.labels(table).inc(len(value) + (len(key) if key else 0))
+        counts[0] += 1
+        counts[1] += len(value) + (len(key) if key else 0)
         self._since_poll += 1
         if self._since_poll >= _POLL_EVERY:
             self._since_poll = 0
             sink.poll(0)
             self._confirm_acked()
+            self._flush_counts()
             self._keep_alive()
 
     def _heartbeat(self) -> None:

@@ -40,6 +40,8 @@ class TableRoute:
     key_encoder: AvroEncoder | None
     value_encoder: AvroEncoder
     source: Row
+    row_record: str  # the Value record's full name (fastavro union branch)
+    counts: list[int]  # events, bytes produced since the metrics were last updated
 
 
 class TableRoutes:
@@ -90,6 +92,8 @@ class TableRoutes:
             else AvroEncoder(codec.key_schema, ids.key_id),
             value_encoder=AvroEncoder(codec.envelope_schema, ids.value_id),
             source=self._source_for(schema, relation.name),
+            row_record=codec.value_schema["name"],
+            counts=[0, 0],
         )
         self.routes[relation.relation_id] = route
         return route

@@ -125,8 +125,9 @@ def test_unchanged_toast_listed_and_null() -> None:
     (change,) = update_changes(DEFAULT, msg, 10)
     assert change.after == row(1, "a", None)
     assert change.unchanged_toast == ["val"]
-    env = envelope(change, {"table": "t"}, None, 5)
-    assert env["unchanged_toast"] == ["val"] and env["after"]["val"] is None
+    env = envelope(change, "db.public.t.Value", {"table": "t"}, None, 5)
+    assert env["unchanged_toast"] == ["val"]
+    assert env["after"] == ("db.public.t.Value", row(1, "a", None))
 
 
 def test_toasted_key_column_taken_from_old_tuple() -> None:
@@ -188,10 +189,14 @@ def test_envelopes_encode_with_the_registered_schema() -> None:
     }  # fmt: skip
     (change,) = insert_changes(DEFAULT, Insert(None, 4242, tup(1, "a", None)), 9)
     tx = Transaction(5, 10, 0)
-    value = envelope(change, source, tx.block(tx.next_order("public.t")), 123)
+    block = tx.block(tx.next_order("public.t"))
+    value = envelope(change, codec.value_schema["name"], source, block, 123)
     encoded = AvroEncoder(codec.envelope_schema, 77).encode(value)
     assert encoded[:5] == b"\x00\x00\x00\x00\x4d"
-    assert AvroDecoder(codec.envelope_schema).decode(encoded) == value
+    assert AvroDecoder(codec.envelope_schema).decode(encoded) == {
+        "before": None, "after": row(1, "a", None), "source": source, "op": "c", "ts_ms": 123,
+        "transaction": block, "unchanged_toast": [],
+    }  # fmt: skip
     marker = AvroEncoder(transaction_metadata_schema(), 1).encode(tx.end_marker())
     assert AvroDecoder(transaction_metadata_schema()).decode(marker) == tx.end_marker()
     assert dataclasses.is_dataclass(change)
