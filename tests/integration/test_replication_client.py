@@ -373,9 +373,30 @@ def test_confirm_moves_confirmed_flush_lsn_and_nothing_else_does(env: Env) -> No
         assert client.server_wal_end >= commit.end_lsn
         assert env.slot_row()[2] == created_at
         client.confirm(commit.end_lsn)
-        client.send_status()
-        env.wait_for(lambda: env.slot_row()[2] == commit.end_lsn, "confirmed_flush_lsn to move")
+
+        def reported() -> bool:
+            assert next(stream) is None  # keep the loop running: it sends the periodic update
+            return env.slot_row()[2] == commit.end_lsn
+
+        env.wait_for(reported, "a periodic status update to move confirmed_flush_lsn")
         assert client.confirmed_lsn == commit.end_lsn
+
+
+def test_keepalives_asking_for_a_reply_keep_the_walsender_alive(env: Env) -> None:
+    # With a 2 s wal_sender_timeout and no periodic update for an hour, only the replies to
+    # the server's reply-requested keepalives keep the connection from timing out.
+    dsn = make_conninfo(env.dsn, options="-c wal_sender_timeout=2s")
+    with ReplicationClient(dsn, env.config("t", status_interval=3600.0)) as client:
+        set_up(env, client)
+        stream = client.stream(idle_after=0.2)
+        assert next(stream) is None
+        _, pid, _ = env.slot_row()
+        deadline = time.monotonic() + 6.0  # three timeouts' worth
+        while time.monotonic() < deadline:
+            assert next(stream) is None
+        assert client.last_keepalive is not None
+        assert client.reconnects == 0
+        assert env.slot_row()[:2] == (True, pid)
 
 
 def test_close_ends_copy_and_reports_final_position(env: Env) -> None:
