@@ -98,7 +98,14 @@ class ReplicationClient:
 
     def ensure_slot(self, *, export_snapshot: bool = False) -> SlotInfo:
         identity = self.open()
-        assert self._conn is not None
+        if self._conn is None:
+            # The replication connection now belongs to the stream; a slot command there
+            # would end streaming, and an exported snapshot would be useless anyway.
+            raise ReplicationError(
+                ErrorKind.CONFIG,
+                "ensure_slot() must run before stream() starts",
+                slot=self._config.slot,
+            )
         with self._session() as session:
             return ensure_slot(
                 self._conn,

@@ -53,6 +53,7 @@ class ReconnectPolicy:
         while self.max_attempts is None or attempt < self.max_attempts:
             yield delay
             attempt += 1
+            # A zero start cannot grow by multiplying: retry at once, then wait max_delay.
             delay = min(self.max_delay, delay * self.multiplier if delay else self.max_delay)
 
 

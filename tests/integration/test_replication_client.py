@@ -209,6 +209,17 @@ def test_refuses_slot_active_in_another_process(env: Env) -> None:
             assert f"PID {pid}" in (info.value.server_message or "")
 
 
+def test_ensure_slot_after_stream_started_is_a_clear_error(env: Env) -> None:
+    with ReplicationClient(env.dsn, env.config("t")) as client:
+        set_up(env, client)
+        stream = client.stream(idle_after=0.2)
+        assert next(stream) is None
+        with pytest.raises(ReplicationError, match="before stream") as info:
+            client.ensure_slot()
+        assert info.value.kind is ErrorKind.CONFIG
+        assert next(stream) is None  # streaming goes on
+
+
 def test_refuses_slot_of_another_plugin(env: Env) -> None:
     env.admin.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (env.slot,))
     with ReplicationClient(env.dsn, env.config("t")) as client:
