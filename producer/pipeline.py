@@ -78,7 +78,8 @@ from schemas.wire import AvroEncoder
 
 log = logging.getLogger(__name__)
 
-_POLL_EVERY = 1024  # serve delivery reports at least this often inside big transactions
+_POLL_EVERY = 1024
+_STATUS_MIN_GAP_S = 0.1  # serve delivery reports at least this often inside big transactions
 
 
 def _version() -> str:
@@ -114,6 +115,8 @@ class Pipeline:
         self._counts: dict[str, list[int]] = {}  # topics without a TableRoute (markers, messages)
         self._next_heartbeat = 0.0
         self._next_status = 0.0
+        self._reported_lsn = 0
+        self._reported_at = 0.0
         self.client: ReplicationClient | None = None
         self.sink: KafkaSink | None = None
         self._http: HealthServer | None = None
@@ -490,6 +493,21 @@ class Pipeline:
         last = self.tracker.last_confirmed
         if self._lag is not None and last is not None:
             self._lag.anchor_ms = last.commit_ts_ms
+        self._report_confirmed(force=False)
+
+    def _report_confirmed(self, *, force: bool) -> None:
+        """Tell the server soon, not at the next periodic status update (status_interval_s):
+        the slot then releases WAL promptly and slot lag shows the truth. At most every
+        _STATUS_MIN_GAP_S while busy, so small transactions don't cost a packet each."""
+        assert self.client is not None
+        confirmed = self.client.confirmed_lsn
+        if confirmed == self._reported_lsn:
+            return
+        now = time.monotonic()
+        if force or now - self._reported_at >= _STATUS_MIN_GAP_S:
+            self.client.send_status()
+            self._reported_lsn = confirmed
+            self._reported_at = now
 
     def _on_idle(self) -> None:
         assert self.sink is not None and self.client is not None
@@ -503,6 +521,7 @@ class Pipeline:
                 self.metrics.confirmed_lsn.set(wal_end)
             if self._lag is not None:
                 self._lag.anchor_ms = None
+        self._report_confirmed(force=True)
         self.metrics.in_flight_events.set(len(self.sink))
         if self.sink.broker_down:
             self.health.degraded = "Kafka brokers unreachable"
