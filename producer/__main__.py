@@ -12,6 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+import psycopg
+from confluent_kafka import KafkaException
+
 from producer.config import load_config
 from producer.errors import ConfigError, ProducerError
 from producer.logging_setup import setup_logging
@@ -41,7 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             pipeline.run()
         pipeline.drain()
         return 0
-    except (ProducerError, ReplicationError, SchemaError, DecodeError) as exc:
+    except (
+        ProducerError,
+        ReplicationError,
+        SchemaError,
+        DecodeError,
+        psycopg.Error,
+        KafkaException,
+    ) as exc:
         pipeline.health.stopped = str(exc)
         log.error(
             "producer stopped on a failure", extra={"error": str(exc), "kind": type(exc).__name__}

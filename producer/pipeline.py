@@ -94,7 +94,7 @@ def _now_ms() -> int:
 
 
 class ShutdownRequested(Exception):
-    """SIGTERM/SIGINT while waiting for room in Kafka's queue."""
+    """SIGTERM/SIGINT noticed while blocked on Kafka or the registry, or inside a transaction."""
 
 
 class Pipeline:
@@ -544,11 +544,9 @@ class Pipeline:
             self._confirm_acked()
             self.client.send_status()
             self.health.progress()
-        if (
-            self.stop_requested
-            and self.sink is not None
-            and len(self.sink) >= self.config.queue_max_messages
-        ):
+        if self.stop_requested:
+            # Blocked (full queue, registry outage) or deep in a big transaction: stop now;
+            # the partial transaction is not confirmed and is resent after a restart.
             raise ShutdownRequested()
 
     def _on_reconnect(self, lsn: int) -> None:
