@@ -9,6 +9,13 @@ from producer.replication.errors import ErrorKind, ReplicationError
 
 _SECRET_KEYS = frozenset({"password", "sslpassword"})
 
+# Output settings that pgoutput's text values depend on (they are produced by the walsender's own
+# output functions): the value converters in schemas/ parse exactly these formats, and text and
+# binary mode must agree (timestamptz text in UTC). Appended after the caller's options so they win.
+WALSENDER_OUTPUT_OPTIONS = (
+    "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=3"
+)
+
 
 def _parse(dsn: str) -> dict[str, str]:
     try:
@@ -32,11 +39,13 @@ def replication_conninfo(dsn: str, *, application_name: str, connect_timeout: in
 
     client_encoding is forced to UTF8: pgoutput converts names and text values to the client
     encoding, and the decoder (names) and value converters (text) read UTF-8. A DSN or
-    PGCLIENTENCODING asking for another encoding would otherwise garble both.
+    PGCLIENTENCODING asking for another encoding would otherwise garble both. The output formats
+    of text values are pinned too (WALSENDER_OUTPUT_OPTIONS).
     """
     params = _parse(dsn)
     params["replication"] = "database"
     params["client_encoding"] = "UTF8"
+    params["options"] = f"{params.get('options', '')} {WALSENDER_OUTPUT_OPTIONS}".strip()
     params.setdefault("application_name", application_name)
     params.setdefault("connect_timeout", str(connect_timeout))
     return conninfo.make_conninfo("", **params).encode()

@@ -281,6 +281,33 @@ def test_names_and_text_arrive_as_utf8_whatever_the_dsn_encoding(env: Env) -> No
     assert isinstance(ins.new[1], Value) and ins.new[1].data == "é€".encode()
 
 
+def test_text_values_use_pinned_output_formats_whatever_the_dsn_says(env: Env) -> None:
+    # The value converters parse ISO dates, postgres-style intervals and UTC timestamps; a DSN
+    # asking for other output styles must not change what the walsender sends.
+    table = "styles"
+    env.admin.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, d date, ts timestamptz, iv interval, b bytea)"
+        ).format(sql.Identifier(env.schema, table))
+    )
+    styled = make_conninfo(
+        env.dsn,
+        options="-c DateStyle=SQL,DMY -c TimeZone=Asia/Tokyo -c IntervalStyle=iso_8601 -c bytea_output=escape",
+    )
+    with ReplicationClient(styled, env.config(table)) as client:
+        set_up(env, client)
+        env.write(
+            sql.SQL(
+                "INSERT INTO {} VALUES (1, '2024-03-05', '2024-03-05 12:00:00+00',"
+                " '1 year 2 mons 3 days 04:05:06', '\\x00ff')"
+            ).format(sql.Identifier(env.schema, table))
+        )
+        messages = read_until_commit(client.stream(idle_after=0.2), Decoder())
+    (ins,) = [m for m in messages if isinstance(m, Insert)]
+    values = [v.data.decode() for v in ins.new[1:]]  # type: ignore[union-attr]
+    assert values == ["2024-03-05", "2024-03-05 12:00:00+00", "1 year 2 mons 3 days 04:05:06", "\\x00ff"]
+
+
 def test_publication_for_all_tables_then_reused(env: Env) -> None:
     with ReplicationClient(env.dsn, env.config(publish_via_partition_root=True)) as client:
         created = client.ensure_publication()
