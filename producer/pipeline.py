@@ -23,12 +23,12 @@ from typing import Any
 
 from producer.config import ProducerConfig
 from producer.delivery import DeliveryTracker, Ticket
+from producer.envelope_writer import TableEnvelopeWriter
 from producer.errors import StreamStateError
 from producer.events import (
     Row,
     RowChange,
     delete_changes,
-    envelope,
     insert_changes,
     message_envelope,
     source_block,
@@ -191,6 +191,7 @@ class Pipeline:
             registry=self.registry,
             topics=self.topics,
             source_for=self._source_for,
+            writer_for=self._writer_for,
         )
         self._lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, self.metrics)
         self._lag.start()
@@ -217,6 +218,14 @@ class Pipeline:
             self.msg_value = AvroEncoder(
                 envelope_schema, reg.register(value_subject(self.msg_topic), envelope_schema)
             )
+
+    def _writer_for(
+        self, envelope_schema: dict[str, Any], schema_id: int, schema: str, table: str
+    ) -> TableEnvelopeWriter:
+        return TableEnvelopeWriter(
+            envelope_schema, schema_id, version=self.version, prefix=self.prefix, db=self.db,
+            schema=schema, table=table,
+        )  # fmt: skip
 
     def _source_for(self, schema: str, table: str) -> Row:
         return source_block(
@@ -416,10 +425,17 @@ class Pipeline:
             raise StreamStateError(f"row change of {route.table} outside a transaction", lsn)
         if tx.event_count == 0:
             self._produce_marker(tx.begin_marker())
-        block = tx.block(tx.next_order(route.table))
-        source = self._fill_source(route.source, tx, lsn)
-        value = route.value_encoder.encode(
-            envelope(change, route.row_record, source, block, _now_ms())
+        order = tx.next_order(route.table)
+        value = route.writer.encode(
+            change.op,
+            change.before,
+            change.after,
+            tx.encoded,
+            lsn,
+            _now_ms(),
+            order.total_order,
+            order.data_collection_order,
+            change.unchanged_toast,
         )
         key = None
         if change.key is not None and route.key_encoder is not None:

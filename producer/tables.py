@@ -11,11 +11,13 @@ from typing import Any
 
 import psycopg
 
+from producer.envelope_writer import TableEnvelopeWriter
 from producer.events import Row, TableShape
 from producer.pgoutput import Relation
 from producer.sql_session import SqlSession
 from producer.topics import TopicManager, table_topic
 from schemas.catalog import ensure_types
+from schemas.envelope import Schema
 from schemas.registry import SchemaRegistry
 from schemas.relation import UnmappedColumnLog, build_relation_codec
 from schemas.type_catalog import TypeCatalog
@@ -41,6 +43,7 @@ class TableRoute:
     value_encoder: AvroEncoder
     source: Row
     row_record: str  # the Value record's full name (fastavro union branch)
+    writer: TableEnvelopeWriter  # row events; value_encoder serves the rare truncate events
     counts: list[int]  # events, bytes produced since the metrics were last updated
 
 
@@ -54,6 +57,7 @@ class TableRoutes:
         registry: SchemaRegistry,
         topics: TopicManager,
         source_for: Callable[[str, str], Row],
+        writer_for: Callable[[Schema, int, str, str], TableEnvelopeWriter],
     ) -> None:
         self._prefix = prefix
         self._catalog = catalog
@@ -61,6 +65,7 @@ class TableRoutes:
         self._registry = registry
         self._topics = topics
         self._source_for = source_for
+        self._writer_for = writer_for
         self._unmapped = UnmappedColumnLog(log.warning)
         self._warned_keyless: set[str] = set()
         self.routes: dict[int, TableRoute] = {}
@@ -93,6 +98,7 @@ class TableRoutes:
             value_encoder=AvroEncoder(codec.envelope_schema, ids.value_id),
             source=self._source_for(schema, relation.name),
             row_record=codec.value_schema["name"],
+            writer=self._writer_for(codec.envelope_schema, ids.value_id, schema, relation.name),
             counts=[0, 0],
         )
         self.routes[relation.relation_id] = route

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from producer.envelope_writer import TransactionBytes
 from producer.pgoutput import pg_timestamp_to_unix_micros
 
 
@@ -35,13 +36,15 @@ class Transaction:
     logical messages (CONTRACT_NOTES). Counts are 1-based positions.
     """
 
-    __slots__ = ("collections", "commit_lsn", "commit_ts_ms", "event_count", "id", "xid")
+    __slots__ = ("collections", "commit_lsn", "commit_ts_ms", "encoded", "event_count", "id", "xid")
 
     def __init__(self, xid: int, commit_lsn: int, commit_ts: int) -> None:
         self.xid = xid
         self.commit_lsn = commit_lsn
         self.commit_ts_ms = pg_ts_to_ms(commit_ts)
         self.id = transaction_id(xid, commit_lsn)
+        # The envelope parts shared by all of this transaction's events, Avro-encoded once.
+        self.encoded = TransactionBytes(xid, commit_lsn, self.commit_ts_ms, self.id)
         self.event_count = 0
         self.collections: dict[str, int] = {}
 
