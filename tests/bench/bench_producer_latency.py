@@ -9,7 +9,9 @@ producer (``python -m producer run``) publishes them. The table's topic is creat
 ``message.timestamp.type=LogAppendTime``, so each record's Kafka timestamp is the moment the
 broker appended it (just before it acknowledges). Latency per event = that timestamp minus the
 PostgreSQL commit time carried in ``source.ts_ms``; p50/p99/max are printed (target p99 < 100 ms)
-with the transaction rate actually reached (the writers share the 2 cores too).
+with the transaction rate actually reached (the writers share the 2 cores too). Writers commit
+with synchronous_commit=on (``--async-commit`` keeps the stack's off: then the WAL writer's
+200 ms flush delay, not the producer, sets the latency).
 """
 
 from __future__ import annotations
@@ -34,12 +36,20 @@ from bench_producer import stack_env
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from producer.pgoutput import Commit, Decoder  # noqa: E402
+from producer.replication import ReplicationClient, ReplicationConfig  # noqa: E402
+from producer.transactions import pg_ts_to_ms  # noqa: E402
 from tests.integration.test_producer_harness import ProducerProcess, Source, sql  # noqa: E402
+
+SYNC_COMMIT = True
 
 
 def writer(dsn: str, table: str, rate: float, rows: int, seconds: float, done: list[int]) -> None:
     statement = f"INSERT INTO {table} (v) SELECT g FROM generate_series(1, {rows}) g"
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # The local stack runs with synchronous_commit=off: WAL reaches the walsender only when
+        # the WAL writer flushes (wal_writer_delay, 200 ms), which would dominate the figure.
+        conn.execute(f"SET synchronous_commit = {'on' if SYNC_COMMIT else 'off'}")
         began = time.perf_counter()
         sent = 0
         while (now := time.perf_counter() - began) < seconds:
@@ -51,13 +61,57 @@ def writer(dsn: str, table: str, rate: float, rows: int, seconds: float, done: l
         done.append(sent)
 
 
+class WalsenderBaseline:
+    """Commit -> arrival of its Commit message at a bare replication client (no Kafka), on a
+    second slot of the same publication: what PostgreSQL itself adds, measured in the same run."""
+
+    def __init__(self, dsn: str, publication: str) -> None:
+        self.slot = f"benchl_base_{uuid.uuid4().hex[:8]}"
+        self.dsn = dsn
+        self.publication = publication
+        self.latencies: list[float] = []
+        self.stop = threading.Event()
+        sql(dsn, f"SELECT pg_create_logical_replication_slot('{self.slot}', 'pgoutput')")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        config = ReplicationConfig(
+            slot=self.slot, publication=self.publication, create_slot=False,
+            create_publication=False,
+        )  # fmt: skip
+        decode = Decoder().decode
+        with ReplicationClient(self.dsn, config) as client:
+            for item in client.stream(idle_after=0.2):
+                if item is None:
+                    if self.stop.is_set():
+                        return
+                    continue
+                message = decode(item[0])
+                if type(message) is Commit:
+                    now_ms = time.time() * 1000
+                    self.latencies.append(now_ms - pg_ts_to_ms(message.commit_ts))
+                    client.confirm(message.end_lsn)
+
+    def finish(self) -> list[float]:
+        self.stop.set()
+        self.thread.join(60)
+        sql(self.dsn, f"SELECT pg_drop_replication_slot('{self.slot}')")
+        return sorted(self.latencies)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=1000.0, help="transactions per second")
     parser.add_argument("--rows", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument(
+        "--async-commit", action="store_true", help="keep the server's synchronous_commit=off"
+    )
     args = parser.parse_args()
+    global SYNC_COMMIT
+    SYNC_COMMIT = not args.async_commit
     env = stack_env()
     dsn = env["WALBRIDGE_PG_DSN"]
     table = f"benchl_{uuid.uuid4().hex[:8]}"
@@ -69,6 +123,7 @@ def main() -> None:
     admin = AdminClient({"bootstrap.servers": env["WALBRIDGE_KAFKA_BOOTSTRAP"]})
     new = NewTopic(topic, 3, -1, config={"message.timestamp.type": "LogAppendTime"})
     admin.create_topics([new])[topic].result()
+    baseline = WalsenderBaseline(dsn, source.publication)
     producer = ProducerProcess(
         source, env["WALBRIDGE_KAFKA_BOOTSTRAP"], env["WALBRIDGE_SCHEMA_REGISTRY_URL"],
         log_level="WARNING",
@@ -88,6 +143,7 @@ def main() -> None:
             t.join()
         source.wait_confirmed(source.current_lsn(), timeout=300)
         assert producer.stop() == 0, producer.log()
+        base = baseline.finish()
     finally:
         if producer.proc is not None and producer.proc.poll() is None:
             producer.kill()
@@ -125,6 +181,12 @@ def main() -> None:
     print(
         f"commit -> Kafka append latency: p50 {q[49]:.0f} ms, p99 {q[98]:.0f} ms, "
         f"max {latencies[-1]:.0f} ms (target p99 < 100 ms)"
+    )
+    b = statistics.quantiles(base, n=100)
+    print(
+        f"baseline, commit -> bare replication client (no Kafka), {len(base):,} commits: "
+        f"p50 {b[49]:.0f} ms, p99 {b[98]:.0f} ms, max {base[-1]:.0f} ms; "
+        f"p99 ratio producer / baseline {q[98] / max(b[98], 1.0):.2f}"
     )
 
 
