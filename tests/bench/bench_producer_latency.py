@@ -55,7 +55,7 @@ def writer(dsn: str, table: str, rate: float, rows: int, seconds: float, done: l
         while (now := time.perf_counter() - began) < seconds:
             due = int(now * rate) + 1
             while sent < due:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
                 sent += 1
             time.sleep(max(0.0, sent / rate - (time.perf_counter() - began)))
         done.append(sent)

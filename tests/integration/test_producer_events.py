@@ -84,7 +84,7 @@ def row(id_: int | None, code: str | None, val: str | None) -> dict[str, Any]:
     return {"id": id_, "code": code, "val": val}
 
 
-EXPECTED = {
+EXPECTED: dict[str, list[tuple[Any, ...]]] = {
     "default": [
         ("c", {"id": 1}, None, row(1, "a", "v1")),
         ("u", {"id": 1}, None, row(1, "a", "v2")),

@@ -40,12 +40,12 @@ def free_port() -> int:
 def sql(dsn: str, *statements: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in statements:
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
 
 
 def query(dsn: str, statement: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(statement, tuple(params)).fetchall()  # type: ignore[arg-type]
+        return conn.execute(statement, tuple(params)).fetchall()
 
 
 @dataclass
@@ -246,7 +246,7 @@ class TopicReader:
             consumer.close()
         return records
 
-    def _decode(self, topic: str, data: bytes | None, field: str) -> Any:
+    def _decode(self, topic: str, data: bytes | None, field: MessageField) -> Any:
         if data is None:
             return None
         return self._deserializer(data, SerializationContext(topic, field))
@@ -278,7 +278,7 @@ def insert_batches(
         for i in range(n_tx):
             lo = first_id + i * rows
             conn.execute(
-                f"INSERT INTO {table} SELECT g, 0, 'p' || g FROM generate_series(%s::int, %s::int) g",  # type: ignore[arg-type]
+                f"INSERT INTO {table} SELECT g, 0, 'p' || g FROM generate_series(%s::int, %s::int) g",
                 (lo, lo + rows - 1),
             )
             if pause:
@@ -292,7 +292,7 @@ def update_batches(
         for i in range(n_tx):
             lo = first_id + i * rows
             conn.execute(
-                f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s::int AND %s::int",  # type: ignore[arg-type]
+                f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s::int AND %s::int",
                 (lo, lo + rows - 1),
             )
             if pause:

@@ -84,7 +84,7 @@ def test_matches_fastavro(op: str, before: Any, after: Any, toast: list[str]) ->
         2,
         toast,
     )
-    assert ours(*args) == reference(*copy.deepcopy(args))  # type: ignore[arg-type]
+    assert ours(*args) == reference(*copy.deepcopy(args))
 
 
 @given(
@@ -92,8 +92,8 @@ def test_matches_fastavro(op: str, before: Any, after: Any, toast: list[str]) ->
     st.integers(1, 2**40), st.integers(1, 2**40),
 )  # fmt: skip
 def test_longs_match_fastavro(xid: int, lsn: int, ts: int, total: int, dco: int) -> None:
-    args = ("c", None, ROW, xid, lsn, ts, lsn, ts, total, dco, [])
-    assert ours(*args) == reference(*args)  # type: ignore[arg-type]
+    args: tuple[Any, ...] = ("c", None, ROW, xid, lsn, ts, lsn, ts, total, dco, [])
+    assert ours(*args) == reference(*args)
 
 
 def test_long_bytes_known_values() -> None:
