@@ -199,7 +199,9 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
         raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
     try:
         flags = vars(build_parser().parse_args(list(argv)))
-    except SystemExit as exc:  # argparse already printed the reason
+    except SystemExit as exc:  # argparse already printed the reason (or the --help text)
+        if exc.code == 0:
+            raise
         raise ConfigError(f"invalid command line: {' '.join(argv)}") from exc
     values: dict[str, Any] = {}
     for name in _FIELDS:
