@@ -100,3 +100,21 @@ def test_idle_confirms_wal_of_unpublished_tables_and_heartbeats(
     assert all(b.key is None for b in beats)
     assert max(b.value["lsn"] for b in beats) >= lsn
     assert max(b.value["ts_ms"] for b in beats) > min(b.value["ts_ms"] for b in beats)
+
+
+def test_refused_schema_change_stops_without_confirming(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, source: Source, table: str
+) -> None:
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url).start()
+    insert_batches(pg_dsn, table, 1, 1, 10)
+    source.wait_confirmed(source.current_lsn())
+    # int -> text is not BACKWARD compatible in Avro: the registry answers 409.
+    sql(pg_dsn, f"ALTER TABLE {table} ALTER COLUMN v TYPE text")
+    mark = source.current_lsn()  # the (empty) ALTER transaction may be confirmed, not beyond
+    sql(pg_dsn, f"INSERT INTO {table} VALUES (99, 'x', 'p')")
+    assert producer.proc is not None
+    assert producer.proc.wait(120) == 1
+    log = producer.log()
+    assert "SchemaEvolutionError" in log and f"public.{table}" in log
+    confirmed = source.confirmed_lsn()
+    assert confirmed is not None and confirmed <= mark
