@@ -34,7 +34,7 @@ _SECOND: Final = b"\x02"  # union branch 1, zig-zag encoded
 _EMPTY_ARRAY: Final = b"\x00"
 
 
-def long_bytes(value: int) -> bytes:
+def _long_bytes(value: int) -> bytes:
     """Avro ``long``: zig-zag, then base-128 varint (little-endian groups)."""
     n = (value << 1) ^ (value >> 63)
     out = bytearray()
@@ -43,6 +43,16 @@ def long_bytes(value: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# Event positions and string lengths are mostly small: look them up instead of encoding.
+_SMALL: Final = tuple(_long_bytes(i) for i in range(1 << 14))
+
+
+def long_bytes(value: int) -> bytes:
+    if 0 <= value < 16384:
+        return _SMALL[value]
+    return _long_bytes(value)
 
 
 def string_bytes(text: str) -> bytes:

@@ -7,8 +7,7 @@ Begin already carries the commit LSN (``final_lsn``), so every event gets its fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from producer.envelope_writer import TransactionBytes
 from producer.pgoutput import pg_timestamp_to_unix_micros
@@ -23,8 +22,9 @@ def pg_ts_to_ms(pg_ts: int) -> int:
     return pg_timestamp_to_unix_micros(pg_ts) // 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Order:
+class Order(NamedTuple):
+    """A NamedTuple, not a frozen dataclass: one is made per event (3x cheaper to build)."""
+
     total_order: int
     data_collection_order: int
 

@@ -101,6 +101,9 @@ def test_long_bytes_known_values() -> None:
     assert long_bytes(-1) == b"\x01"
     assert long_bytes(1) == b"\x02"
     assert long_bytes(64) == b"\x80\x01"
+    assert long_bytes(8191) == b"\xfe\x7f"  # from the small-value table
+    assert long_bytes(16383) == b"\xfe\xff\x01"  # last table entry
+    assert long_bytes(16384) == b"\x80\x80\x02"  # first computed one
     assert long_bytes(-(2**63)) == b"\xff" * 9 + b"\x01"
 
 
