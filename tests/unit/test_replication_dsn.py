@@ -6,7 +6,12 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from producer.replication import ErrorKind, ReplicationError
-from producer.replication.dsn import redact_dsn, replication_conninfo, sql_conninfo
+from producer.replication.dsn import (
+    WALSENDER_OUTPUT_OPTIONS,
+    redact_dsn,
+    replication_conninfo,
+    sql_conninfo,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +51,7 @@ def test_replication_conninfo_adds_database_mode() -> None:
         "client_encoding": "UTF8",
         "application_name": "wb",
         "connect_timeout": "7",
+        "options": WALSENDER_OUTPUT_OPTIONS,
     }
 
 
@@ -75,3 +81,15 @@ def test_sql_conninfo_drops_replication() -> None:
         sql_conninfo("host=db replication=database", application_name="wb", connect_timeout=7)
     )
     assert "replication" not in params
+
+
+def test_replication_conninfo_appends_pinned_output_options_after_the_callers() -> None:
+    params = conninfo_to_dict(
+        replication_conninfo(
+            "host=db options='-c DateStyle=German -c work_mem=8MB'",
+            application_name="wb",
+            connect_timeout=7,
+        ).decode()
+    )
+    # libpq applies -c settings in order, so the pinned formats come last and win.
+    assert params["options"] == f"-c DateStyle=German -c work_mem=8MB {WALSENDER_OUTPUT_OPTIONS}"

@@ -101,7 +101,7 @@ def test_changed_relation_registers_a_new_version() -> None:
     reg, _, _ = registry(client)
     reg.register_relation(codec())
     reg.register_relation(codec(Column(0, "note", 25, -1, False)))
-    assert client.get_versions(value_subject(TOPIC)) == [1, 2]
+    assert sorted(client.get_versions(value_subject(TOPIC))) == [1, 2]  # the mock's order varies
     assert client.get_versions(key_subject(TOPIC)) == [1]  # the key did not change
 
 
