@@ -1,8 +1,13 @@
 """One micro-batch, end to end (the foreachBatch function).
 
-raw Kafka rows + pending rows -> framing check -> decode per (topic, writer schema id)
--> reassembly plan -> MERGE per table -> pending state -> progress row.
-Every step is idempotent per batch id, so a re-run after a crash converges.
+raw Kafka rows (+ pending rows, when there are any) -> framing check and offsets (job 1)
+-> decode per (topic, writer schema id), cached -> one summary aggregation (job 2)
+-> pure reassembly plan -> one guarded MERGE per touched table -> pending state (only when
+something waits) -> progress row.
+
+The fixed cost of a batch is kept to these few Spark jobs plus the MERGEs: everything the
+driver needs to decide comes back from jobs 1 and 2 as small rows. Every step is idempotent
+per batch id, so a re-run after a crash converges.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -18,16 +24,16 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_consumer import envelope as E
-from spark_consumer import merge, pending, progress, quarantine
+from spark_consumer import merge, pending, progress, quarantine, summary
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.decode import markers, table_events, with_envelope_from_avro
 from spark_consumer.decode_fastavro import with_envelope_fastavro
-from spark_consumer.errors import RecordError, TransactionError, UnknownSchemaError
+from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
 from spark_consumer.framing import schema_id_col
-from spark_consumer.reassembly import check_age, per_transaction, plan_batch
+from spark_consumer.reassembly import Plan, TableWork, check_age, decide
 from spark_consumer.registry import SchemaNotFound, WriterSchemas
-from spark_consumer.topics import TopicKind, classify
+from spark_consumer.topics import TopicKind, classify, transaction_topic
 
 log = logging.getLogger("walbridge.consumer")
 
@@ -46,6 +52,8 @@ class BatchReport:
     pending_records: int = 0
     pending_oldest_age_s: float | None = None
     quarantined: int = 0
+    seconds: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)  # seconds per step, for tuning
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,24 @@ class _TopicInfo:
     table: str
     value_ids: tuple[int, ...]
     key_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Framing:
+    """What job 1 tells: data topics, marker schema ids, offsets and undecodable records."""
+
+    topics: list[_TopicInfo]
+    marker_ids: list[int]
+    offsets: list[tuple[str, int, int]]
+    reject: Column | None  # reason per row when some rows are undecodable, else None
+
+
+@dataclass(frozen=True)
+class _Table:
+    info: _TopicInfo
+    events: DataFrame  # decoded, cached
+    columns: tuple[str, ...]
+    key: tuple[str, ...] | None  # None: not known yet (no key schema, no table)
 
 
 class BatchProcessor:
@@ -67,6 +93,9 @@ class BatchProcessor:
         self.conversions = conversions
         self.clock_ms = clock_ms
         self.reports: list[BatchReport] = []
+        # The progress row of the last batch this process applied: this job is the table's
+        # only writer, so it is read from Delta once, at the first batch.
+        self._last: progress.Progress | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.reports.append(self.process(batch, batch_id))
@@ -76,39 +105,81 @@ class BatchProcessor:
             return with_envelope_fastavro(rows, schema_text)
         return with_envelope_from_avro(rows, schema_text)
 
+    def process(self, batch: DataFrame, batch_id: int) -> BatchReport:
+        started = time.perf_counter()
+        cfg = self.config
+        before = self._last or progress.latest(self.spark, cfg.progress_path)
+        self._last = before
+        if before.batch_id >= batch_id:
+            log.info("batch %d already applied (progress has batch %d); skipping",
+                     batch_id, before.batch_id)
+            return BatchReport(batch_id, skipped=True, commit_lsn=before.commit_lsn)
+        now_ms = self.clock_ms()
+        framed = self._framed(batch, before, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
+        persisted: list[DataFrame] = [framed]
+        try:
+            after, report = self._process(framed, persisted, batch_id, before, now_ms)
+        finally:
+            for df in persisted:
+                df.unpersist()
+        self._last = after
+        report = BatchReport(**{**report.__dict__, "seconds": time.perf_counter() - started})
+        log.info(
+            "batch %d: applied %d transaction(s) up to commit_lsn %d (%s); pending %d "
+            "transaction(s), %d record(s), oldest %s; quarantined %d; %.1fs",
+            batch_id, report.applied_transactions, report.commit_lsn,
+            ", ".join(f"{t}: {n}" for t, n in report.changes_by_table.items()) or "no changes",
+            report.pending_transactions, report.pending_records,
+            f"{report.pending_oldest_age_s:.1f}s" if report.pending_oldest_age_s is not None
+            else "-", report.quarantined, report.seconds,
+        )
+        return report
+
     # -- steps ----------------------------------------------------------------------------
 
     def _framed(self, batch: DataFrame, before: progress.Progress, now_ms: int) -> DataFrame:
-        new = batch.select(*COORDS, "key", "value", "timestamp",
-                           F.lit(now_ms).cast("long").alias(E.FIRST_SEEN))
-        old = pending.load(self.spark, self.config.pending_path, before.pending_version)
-        both = new.unionByName(old).dropDuplicates(COORDS)
-        return (both.withColumn("_vid", schema_id_col(F.col("value")))
+        rows = batch.select(*COORDS, "key", "value", "timestamp",
+                            F.lit(now_ms).cast("long").alias(E.FIRST_SEEN))
+        if before.pending_version is not None:  # None: nothing waited after the last batch
+            old = pending.load(self.spark, self.config.pending_path, before.pending_version)
+            rows = rows.unionByName(old).dropDuplicates(COORDS)
+        return (rows.withColumn("_vid", schema_id_col(F.col("value")))
                 .withColumn("_kid", schema_id_col(F.col("key"))))
 
-    def _topics(self, raw: DataFrame) -> tuple[list[_TopicInfo], list[int], Column]:
-        """Classify topics, fetch writer schemas; returns data topics, marker value ids and the
-        condition selecting records that cannot be decoded (unframed or unknown schema id)."""
+    def _framing(self, framed: DataFrame) -> _Framing:
+        """Job 1: per topic partition and schema ids: the highest offset, and whether a key is
+        not Confluent-framed. Classifies topics and fetches writer schemas."""
         prefix = self.config.topic_prefix
-        ids = raw.groupBy("topic", "_vid", "_kid").agg(F.count(F.lit(1))).collect()
+        rows = framed.groupBy("topic", "partition", "_vid", "_kid").agg(
+            F.max("offset").alias("max_offset"),
+            F.max(F.col("key").isNotNull() & F.col("_kid").isNull()).alias("bad_key"),
+        ).collect()
+        offsets: dict[tuple[str, int], int] = {}
         unknown_vids: set[int] = set()
         unknown_kids: set[int] = set()
+        unframed = False
         by_topic: dict[str, tuple[set[int], set[int]]] = {}
-        for r in ids:
+        for r in rows:
+            tp = (r["topic"], r["partition"])
+            offsets[tp] = max(offsets.get(tp, -1), r["max_offset"])
             kind = classify(prefix, r["topic"])
+            if kind is TopicKind.TRANSACTION and r["partition"] != 0:
+                raise ConfigError(
+                    f"topic {r['topic']!r} has a partition {r['partition']}: the transaction "
+                    "topic must have exactly one partition (markers must stay in commit order)")
             if kind in (TopicKind.HEARTBEAT, TopicKind.MESSAGE):
                 continue
             vids, kids = by_topic.setdefault(r["topic"], (set(), set()))
-            for sid, known, unknown in ((r["_vid"], vids, unknown_vids),
-                                        (r["_kid"] if kind is TopicKind.DATA else None,
-                                         kids, unknown_kids)):
-                if sid is None:
-                    continue
-                try:
-                    self.schemas.text(sid)
-                    known.add(sid)
-                except SchemaNotFound:
-                    unknown.add(sid)
+            if r["_vid"] is None:
+                unframed = True
+            elif not self._known(r["_vid"]):
+                unknown_vids.add(r["_vid"])
+            else:
+                vids.add(r["_vid"])
+            if kind is TopicKind.DATA:
+                unframed |= bool(r["bad_key"])
+                if r["_kid"] is not None:
+                    (kids if self._known(r["_kid"]) else unknown_kids).add(r["_kid"])
         infos: list[_TopicInfo] = []
         marker_ids: list[int] = []
         for topic, (vids, kids) in sorted(by_topic.items()):
@@ -118,26 +189,39 @@ class BatchProcessor:
             schema, _, table = topic[len(prefix) + 1:].partition(".")
             infos.append(_TopicInfo(topic, schema, table, tuple(sorted(vids)),
                                     tuple(sorted(kids))))
-        bad = (F.col("_vid").isNull()
-               | F.col("_vid").isin(sorted(unknown_vids) or [-1])
-               | F.col("_kid").isin(sorted(unknown_kids) or [-1])
-               | (F.col("key").isNotNull() & F.col("_kid").isNull()
-                  & ~F.col("topic").endswith(".transaction")))
-        reason = (F.when(F.col("_vid").isNull(), "value is not Confluent-framed Avro")
-                  .when(F.col("_vid").isin(sorted(unknown_vids) or [-1]),
-                        F.format_string("unknown value schema id %d", "_vid"))
-                  .when(F.col("_kid").isNull(), "key is not Confluent-framed Avro")
-                  .otherwise(F.format_string("unknown key schema id %d", "_kid")))
-        return infos, marker_ids, F.when(bad, reason)
+        reject = None
+        if unframed or unknown_vids or unknown_kids:
+            uv, uk = sorted(unknown_vids) or [-1], sorted(unknown_kids) or [-1]
+            tx_topic = F.col("topic") == transaction_topic(prefix)
+            reject = (F.when(F.col("_vid").isNull(), "value is not Confluent-framed Avro")
+                      .when(F.col("_vid").isin(uv),
+                            F.format_string("unknown value schema id %d", "_vid"))
+                      .when(~tx_topic & F.col("key").isNotNull() & F.col("_kid").isNull(),
+                            "key is not Confluent-framed Avro")
+                      .when(~tx_topic & F.col("_kid").isin(uk),
+                            F.format_string("unknown key schema id %d", "_kid")))
+        return _Framing(infos, marker_ids, [(t, p, o) for (t, p), o in sorted(offsets.items())],
+                        reject)
+
+    def _known(self, schema_id: int) -> bool:
+        try:
+            self.schemas.text(schema_id)
+        except SchemaNotFound:
+            return False
+        return True
 
     def _reject(self, rows: DataFrame, batch_id: int) -> int:
-        """Quarantine the rows, or stop naming the first of them. Returns how many."""
+        """Quarantine the rows (with `_reason`), or stop naming the first. Returns how many."""
         first = rows.orderBy(*COORDS).limit(1).collect()
         if not first:
             return 0
         if self.config.quarantine_path:
-            n = rows.count()
-            quarantine.write(rows, self.config.quarantine_path, batch_id)
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                n = rows.count()
+                quarantine.write(rows, self.config.quarantine_path, batch_id)
+            finally:
+                rows.unpersist()
             log.warning("batch %d: %d undecodable record(s) quarantined to %s (first: %s[%d]@%d: %s)",
                         batch_id, n, self.config.quarantine_path, first[0]["topic"],
                         first[0]["partition"], first[0]["offset"], first[0]["_reason"])
@@ -146,169 +230,172 @@ class BatchProcessor:
         cls = UnknownSchemaError if "unknown" in r["_reason"] else RecordError
         raise cls(r["topic"], r["partition"], r["offset"], r["_reason"])
 
-    def process(self, batch: DataFrame, batch_id: int) -> BatchReport:
-        cfg = self.config
-        before = progress.latest(self.spark, cfg.progress_path)
-        if before.batch_id >= batch_id:
-            log.info("batch %d already applied (progress has batch %d); skipping",
-                     batch_id, before.batch_id)
-            return BatchReport(batch_id, skipped=True, commit_lsn=before.commit_lsn)
-        now_ms = self.clock_ms()
-        offsets = [(r["topic"], r["partition"], r["o"]) for r in
-                   batch.groupBy("topic", "partition").agg(F.max("offset").alias("o")).collect()]
-        framed = self._framed(batch, before, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
-        persisted: list[DataFrame] = [framed]
-        try:
-            return self._process(framed, persisted, batch_id, before, now_ms, offsets)
-        finally:
-            for df in persisted:
-                df.unpersist()
-
-    def _process(self, framed: DataFrame, persisted: list[DataFrame], batch_id: int,
-                 before: progress.Progress, now_ms: int,
-                 offsets: list[tuple[str, int, int]]) -> BatchReport:
-        cfg = self.config
-        infos, marker_ids, reason = self._topics(framed)
-        quarantined = self._reject(framed.withColumn("_reason", reason)
-                                   .filter(F.col("_reason").isNotNull()), batch_id)
-        raw = framed.filter(reason.isNull()) if quarantined else framed
-
-        # Decode: one pass per writer schema id; versions of a table are unioned by name.
-        tables: dict[str, tuple[_TopicInfo, DataFrame, tuple[str, ...]]] = {}
+    def _decode_tables(self, raw: DataFrame, infos: list[_TopicInfo],
+                       persisted: list[DataFrame]) -> dict[str, _Table]:
+        """One from_avro pass per writer schema id; versions of a table unioned by name."""
+        out: dict[str, _Table] = {}
         for info in infos:
             frames: list[DataFrame] = []
             columns: list[str] = []
             for vid in info.value_ids:
                 fields = E.row_fields(self.schemas.parsed(vid))
-                columns += [f.name for f in fields if f.name not in columns]
-                rows = raw.filter((F.col("topic") == info.topic) & (F.col("_vid") == vid))
-                frames.append(table_events(self._decode(rows, self.schemas.text(vid)), fields,
-                                           self.conversions))
+                frames.append(table_events(
+                    self._decode(raw.filter((F.col("topic") == info.topic)
+                                            & (F.col("_vid") == vid)), self.schemas.text(vid)),
+                    fields, self.conversions))
+                columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
             df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
             df = df.persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(df)
-            tables[info.topic] = (info, df, tuple(columns))
-        marker_frames = [
-            markers(self._decode(raw.filter((F.col("topic") == f"{cfg.topic_prefix}.transaction")
-                                            & (F.col("_vid") == vid)), self.schemas.text(vid)))
-            for vid in marker_ids
-        ]
-        marker_df = (reduce(DataFrame.unionByName, marker_frames) if marker_frames
-                     else self.spark.createDataFrame([], _MARKER_SCHEMA))
-        marker_df = marker_df.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted.append(marker_df)
+            out[info.topic] = _Table(info, df, tuple(columns),
+                                     self._key(info, self.config.table_path(info.schema,
+                                                                            info.table)))
+        return out
 
-        meta_cols = [E.TOPIC, E.PARTITION, E.OFFSET, E.FIRST_SEEN, E.SCHEMA, E.TABLE, E.TX_ID,
-                     E.COMMIT_LSN, E.TOTAL_ORDER, E.OP, E.OK]
-        meta = reduce(DataFrame.unionByName,
-                      [df.select(*meta_cols) for _, df, _ in tables.values()],
-                      self.spark.createDataFrame([], _META_SCHEMA))
-        quarantined += self._check_decoded(meta, marker_df, framed, batch_id)
-        meta = meta.filter(_valid())
-        marker_ok = marker_df.filter(F.col(E.OK))
+    def _decode_markers(self, raw: DataFrame, marker_ids: list[int],
+                        persisted: list[DataFrame]) -> DataFrame:
+        topic = transaction_topic(self.config.topic_prefix)
+        frames = [markers(self._decode(raw.filter((F.col("topic") == topic)
+                                                  & (F.col("_vid") == vid)),
+                                       self.schemas.text(vid)))
+                  for vid in marker_ids]
+        df = (reduce(DataFrame.unionByName, frames) if frames
+              else self.spark.createDataFrame([], _MARKER_SCHEMA))
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(df)
+        return df
 
-        summary = per_transaction(meta, marker_ok, before.commit_lsn,
-                                  f"{cfg.topic_prefix}.message")
-        summary = summary.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted.append(summary)
-        plan, oldest = plan_batch(summary, before.commit_lsn)
-        check_age(oldest, now_ms, cfg.max_pending_age_s)
-        lo, hi = plan.watermark_before, plan.watermark_after
-        in_range = (F.col(E.COMMIT_LSN) > lo) & (F.col(E.COMMIT_LSN) <= hi)
+    def _process(self, framed: DataFrame, persisted: list[DataFrame], batch_id: int,
+                 before: progress.Progress, now_ms: int,
+                 ) -> tuple[progress.Progress, BatchReport]:
+        cfg = self.config
+        steps: dict[str, float] = {}
+        clock = time.perf_counter()
 
-        # Apply each table touched by the applicable transactions.
-        counts = {(r[E.SCHEMA], r[E.TABLE], r[E.TOPIC]): r["n"] for r in
-                  meta.filter(in_range).groupBy(E.SCHEMA, E.TABLE, E.TOPIC)
-                  .agg(F.count(F.lit(1)).alias("n")).collect()}
+        def step(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            steps[name] = round(now - clock, 3)
+            clock = now
+
+        framing = self._framing(framed)
+        step("framing")
+        quarantined = 0
+        raw = framed
+        if framing.reject is not None:
+            quarantined = self._reject(framed.withColumn("_reason", framing.reject)
+                                       .filter(F.col("_reason").isNotNull()), batch_id)
+            raw = framed.filter(framing.reject.isNull())
+
+        tables = self._decode_tables(raw, framing.topics, persisted)
+        marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
+        data, marks, bad = summary.collect(
+            [(t.events, t.key[0] if t.key else None) for t in tables.values()], marker_df,
+            before.commit_lsn, f"{cfg.topic_prefix}.message")
+        step("decode+summary")
+        if bad:
+            quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
+            step("reject")
+
+        plan = decide(data, marks, before.commit_lsn)
+        check_age(plan.pending, now_ms, cfg.max_pending_age_s)
+        if plan.pending_records > cfg.max_pending_records:
+            oldest = plan.oldest_pending
+            raise TransactionError(
+                f"{plan.pending_records} records of incomplete transactions wait (limit "
+                f"{cfg.max_pending_records}); oldest: "
+                + (f"tx {oldest.tx_id} ({', '.join(oldest.missing)})" if oldest else "-"))
+
+        # Tables are independent Delta logs: their MERGEs run side by side. A MERGE of a few
+        # rows is mostly fixed latency (planning, several small jobs, the commit), so on a
+        # small machine threads cut a multi-table batch to about its slowest table.
         versions = dict(before.table_versions)
         changes_by_table: dict[str, int] = {}
-        for (schema, table, topic), n in sorted(counts.items()):
-            info, df, table_columns = tables[topic]
-            path = cfg.table_path(schema, table)
-            key = self._key(info, path)
-            changes = df.filter(in_range & _valid()).drop(E.OK)
-            if key is None:  # only truncates for a table the lake never had: nothing to do
-                continue
-            tc = merge.TableChanges(schema, table, path, key, table_columns, changes)
-            versions[tc.name] = merge.apply(self.spark, tc)
-            changes_by_table[tc.name] = n
+        with ThreadPoolExecutor(max_workers=max(1, min(cfg.merge_threads,
+                                                       len(plan.tables)))) as pool:
+            futures = {w.collection: pool.submit(self._apply, tables[w.topic], w, plan)
+                       for w in plan.tables}
+            for work in plan.tables:
+                version = futures[work.collection].result()
+                if version is not None:
+                    versions[work.collection] = version
+                    changes_by_table[work.collection] = work.events
+        step("merge")
 
-        # Records of later transactions wait in the pending table.
-        waiting = (meta.filter(F.col(E.COMMIT_LSN) > hi).select(E.TOPIC, E.PARTITION, E.OFFSET)
-                   .unionByName(marker_ok.filter(F.col(E.COMMIT_LSN) > hi)
-                                .select(E.TOPIC, E.PARTITION, E.OFFSET))
-                   .toDF(*COORDS))
-        waiting_rows = raw.join(waiting, COORDS, "left_semi")
-        pending_version = pending.save(self.spark, cfg.pending_path, waiting_rows)
-        pending_records = self.spark.read.format("delta").load(cfg.pending_path).count()
-        if pending_records > cfg.max_pending_records:
-            raise TransactionError(
-                f"{pending_records} records of incomplete transactions wait (limit "
-                f"{cfg.max_pending_records}); oldest: "
-                + (f"tx {oldest[0].tx_id} ({', '.join(oldest[0].missing)})" if oldest else "-"))
+        pending_version = self._save_pending(tables, marker_df, raw, plan)
+        step("pending")
         oldest_age = ((now_ms - plan.oldest_pending.first_seen_ms) / 1000
                       if plan.oldest_pending else None)
         after = progress.Progress(
-            batch_id=batch_id, commit_lsn=hi, table_versions=versions,
-            kafka_offsets=progress.merge_offsets(before.kafka_offsets, offsets),
+            batch_id=batch_id, commit_lsn=plan.watermark_after, table_versions=versions,
+            kafka_offsets=progress.merge_offsets(before.kafka_offsets, framing.offsets),
             pending_version=pending_version,
         )
         progress.append(self.spark, cfg.progress_path, batch_id, after,
                         plan.applied_transactions, plan.pending_transactions, oldest_age)
-        report = BatchReport(
-            batch_id=batch_id, commit_lsn=hi, applied_transactions=plan.applied_transactions,
+        step("progress")
+        return after, BatchReport(
+            batch_id=batch_id, commit_lsn=plan.watermark_after,
+            applied_transactions=plan.applied_transactions,
             changes_by_table=changes_by_table, table_versions=versions,
-            pending_transactions=plan.pending_transactions, pending_records=pending_records,
-            pending_oldest_age_s=oldest_age, quarantined=quarantined,
+            pending_transactions=plan.pending_transactions,
+            pending_records=plan.pending_records,
+            pending_oldest_age_s=oldest_age, quarantined=quarantined, steps=steps,
         )
-        log.info(
-            "batch %d: applied %d transaction(s) up to commit_lsn %d (%s); pending %d "
-            "transaction(s), %d record(s), oldest %s; quarantined %d",
-            batch_id, plan.applied_transactions, hi,
-            ", ".join(f"{t}: {n}" for t, n in changes_by_table.items()) or "no changes",
-            plan.pending_transactions, pending_records,
-            f"{oldest_age:.1f}s" if oldest_age is not None else "-", quarantined,
-        )
-        return report
+
+    def _apply(self, table: _Table, work: TableWork, plan: Plan) -> int | None:
+        """MERGE one table's share of the applied transactions; its Delta version, or None
+        when there was nothing to do (truncates of a table the lake never had)."""
+        info = table.info
+        path = self.config.table_path(info.schema, info.table)
+        key = table.key
+        if key is None:
+            if work.only_truncates:
+                return None
+            key = ()  # no key schema and no table yet: the source table has no replica identity
+        lo, hi = plan.watermark_before, plan.watermark_after
+        changes = table.events.filter((F.col(E.COMMIT_LSN) > lo) & (F.col(E.COMMIT_LSN) <= hi)
+                                      & summary.usable()).drop(E.OK)
+        tc = merge.TableChanges(
+            info.schema, info.table, path, key, table.columns, changes,
+            truncate=work.truncate, toast_columns=work.toast_columns,
+            key_min=work.key_min, key_max=work.key_max)
+        return merge.apply(self.spark, tc)
+
+    def _save_pending(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,
+                      plan: Plan) -> int | None:
+        """Records of later transactions wait in the pending table; None when none wait."""
+        if not plan.pending:
+            return None
+        later = F.col(E.COMMIT_LSN) > plan.watermark_after
+        coords = [F.col(E.TOPIC).alias("topic"), F.col(E.PARTITION).alias("partition"),
+                  F.col(E.OFFSET).alias("offset")]
+        waiting = reduce(DataFrame.unionByName, [
+            t.events.filter(summary.usable() & later).select(*coords) for t in tables.values()
+        ] + [marker_df.filter(F.col(E.OK) & later).select(*coords)])
+        return pending.save(self.spark, self.config.pending_path,
+                            raw.join(waiting, COORDS, "left_semi"))
 
     def _key(self, info: _TopicInfo, path: str) -> tuple[str, ...] | None:
         if info.key_ids:
             # The newest key schema of the batch names the replica identity columns.
             return E.key_fields(self.schemas.parsed(max(info.key_ids)))
-        stored = merge.stored_key(self.spark, path)
-        return stored if stored is not None else ()
+        return merge.stored_key(self.spark, path)
 
-    def _check_decoded(self, meta: DataFrame, marker_df: DataFrame, framed: DataFrame,
-                       batch_id: int) -> int:
-        """Bodies that did not decode, and data events outside any transaction."""
-        bad = (
-            meta.filter(~F.col(E.OK) | F.col(E.TX_ID).isNull() | F.col(E.COMMIT_LSN).isNull())
-            .select(E.TOPIC, E.PARTITION, E.OFFSET,
-                    F.when(~F.col(E.OK), "Avro body does not decode with its writer schema")
-                    .otherwise("data event without transaction block or commit_lsn")
-                    .alias("_reason"))
-            .unionByName(marker_df.filter(~F.col(E.OK)).select(
-                E.TOPIC, E.PARTITION, E.OFFSET,
-                F.lit("Avro body does not decode with its writer schema").alias("_reason")))
-            .toDF(*COORDS, "_reason")
-        )
-        if not bad.limit(1).collect():
-            return 0
-        rows = framed.join(bad, COORDS, "inner")
-        n = self._reject(rows, batch_id)
-        # Quarantined records are excluded from reassembly by the OK filters that follow;
-        # an event outside any transaction is excluded the same way.
-        return n
+    def _reject_decoded(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,
+                        batch_id: int) -> int:
+        """Bodies that did not decode, and data events outside any transaction: stop, or
+        quarantine them (the plan then leaves them out, as `summary.usable` does)."""
+        coords = [F.col(E.TOPIC).alias("topic"), F.col(E.PARTITION).alias("partition"),
+                  F.col(E.OFFSET).alias("offset")]
+        bad = reduce(DataFrame.unionByName, [
+            t.events.filter(summary.bad_reason().isNotNull())
+            .select(*coords, summary.bad_reason().alias("_reason")) for t in tables.values()
+        ] + [marker_df.filter(~F.col(E.OK))
+             .select(*coords, F.lit(summary.NOT_DECODED).alias("_reason"))])
+        return self._reject(raw.join(bad, COORDS, "inner"), batch_id)
 
 
-# Decoded, and inside a transaction (anything else was rejected or quarantined above).
-def _valid() -> Column:
-    return F.col(E.OK) & F.col(E.TX_ID).isNotNull() & F.col(E.COMMIT_LSN).isNotNull()
-
-_META_SCHEMA = (
-    "_topic string, _partition int, _offset long, _first_seen long, _schema string, "
-    "_table string, _tx_id string, _commit_lsn long, _total_order long, _op string, _ok boolean"
-)
 _MARKER_SCHEMA = (
     "_topic string, _partition int, _offset long, _first_seen long, _status string, "
     "_tx_id string, _commit_lsn long, _event_count long, "

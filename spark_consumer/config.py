@@ -39,6 +39,7 @@ class ConsumerConfig:
     max_pending_records: int = 5_000_000
     max_offsets_per_trigger: int | None = None
     decoder: Decoder = Decoder.FROM_AVRO
+    merge_threads: int = 4  # tables merged concurrently within a batch
 
     @property
     def progress_path(self) -> str:
@@ -87,6 +88,9 @@ def run_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                    default=_int_or_none(e("WALBRIDGE_MAX_OFFSETS_PER_TRIGGER")))
     p.add_argument("--decoder", choices=[d.value for d in Decoder],
                    default=e("WALBRIDGE_DECODER") or Decoder.FROM_AVRO.value)
+    p.add_argument("--merge-threads", type=int,
+                   default=int(e("WALBRIDGE_MERGE_THREADS") or 4),
+                   help="tables merged concurrently within a batch (default 4)")
     return p
 
 
@@ -127,6 +131,8 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         raise ConfigError(f"trigger {trigger!r} is not an interval like '10 seconds'")
     if ns.max_pending_age_s <= 0 or ns.max_pending_records <= 0:
         raise ConfigError("--max-pending-age-s and --max-pending-records must be positive")
+    if ns.merge_threads <= 0:
+        raise ConfigError("--merge-threads must be positive")
     if ns.max_offsets_per_trigger is not None and ns.max_offsets_per_trigger <= 0:
         raise ConfigError("--max-offsets-per-trigger must be positive")
     lake = ns.lake_path.rstrip("/")
@@ -146,6 +152,7 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         max_pending_records=ns.max_pending_records,
         max_offsets_per_trigger=ns.max_offsets_per_trigger,
         decoder=Decoder(ns.decoder),
+        merge_threads=ns.merge_threads,
     )
 
 

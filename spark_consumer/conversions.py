@@ -1,30 +1,152 @@
-"""Per-field Avro -> Spark conversion hooks, applied after decoding.
+"""Per-field Avro -> lake conversion, applied after decoding (the lake's column forms).
 
-Spark's Avro reader already maps the primitive and logical types (long, int, string, boolean,
-double, bytes, decimal, timestamp-micros, local-timestamp-micros, date, uuid) and nullable
-unions. Columns whose lossless form is a union or record (settled later with `schemas/`) get a
-hook here, keyed by the field's `pg.type`, turning the decoded struct into the lake's type.
+Spark's Avro reader maps primitive and logical types itself (long, int, string, boolean,
+float, double, bytes, decimal, date, timestamp-micros -> TIMESTAMP, local-timestamp-micros ->
+TIMESTAMP_NTZ, uuid -> string). The forms `schemas/` chose to stay lossless need a rule:
+
+=====================================  ===================================================
+Avro form (schemas/type_mapping.py)    lake columns
+=====================================  ===================================================
+[logical, string] (numeric(p,s), date,  `c`: the typed value (decimal(p,s), date, timestamp,
+timestamp, timestamptz)                 timestamp_ntz), null for the special values;
+                                        `c__text`: PostgreSQL's text of a value the typed
+                                        column cannot hold (NaN, +-Infinity, BC dates,
+                                        years > 9999, +-infinity), else null
+[time-micros, string] (time)            `c`: string `HH:MM:SS.ffffff` (fixed width, so it
+                                        sorts; 24:00:00 fits too). Delta has no TIME type
+[string, bytes] (unmapped types)        `c`: the text; `c__bytes`: the binary send format
+                                        when the producer ran in binary mode
+array record {dims, lower_bounds,       `c`: array of the elements in row-major order;
+elements}                               `c__shape`: struct {dims, lower_bounds} only when
+                                        the array is not one-dimensional from index 1
+interval record {months,days,micros}    `c`: that struct (Delta has no interval type)
+hstore map, composite record            as decoded (map / struct)
+=====================================  ===================================================
+
+A companion column (`__text`, `__bytes`, `__shape`) exists only for the columns whose type
+needs it. `FieldConversions.by_pg_type` lets a deployment override a column type's rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 from spark_consumer.envelope import RowField
 
-FieldHook = Callable[[Column, RowField], Column]
+# A hook gives the lake columns of one field by name (its main column named like the field).
+FieldHook = Callable[[Column, RowField], Mapping[str, Column]]
+
+TEXT, BYTES, SHAPE = "__text", "__bytes", "__shape"
+
+
+def _branches(avro: Any) -> list[Any]:
+    return [b for b in avro if b != "null"] if isinstance(avro, list) else [avro]
+
+
+def _logical(t: Any) -> str | None:
+    return t.get("logicalType") if isinstance(t, dict) else None
+
+
+def _is_record(t: Any, *fields: str) -> bool:
+    return (isinstance(t, dict) and t.get("type") == "record"
+            and [f["name"] for f in t.get("fields", [])] == list(fields))
+
+
+def _time_text(micros: Column) -> Column:
+    """Microseconds since midnight -> 'HH:MM:SS.ffffff' (24:00:00 included)."""
+    secs = F.floor(micros / 1_000_000)
+    return F.format_string("%02d:%02d:%02d.%06d", F.floor(secs / 3600).cast("int"),
+                           (F.floor(secs / 60) % 60).cast("int"), (secs % 60).cast("int"),
+                           (micros % 1_000_000).cast("int"))
+
+
+def _kind(f: RowField) -> str:
+    """Which rule applies to the field's (non-null) Avro type."""
+    branches = _branches(f.avro)
+    if len(branches) == 2 and branches[1] == "string":
+        if _logical(branches[0]) == "time-micros":
+            return "time"
+        if _logical(branches[0]) is not None:
+            return "typed_or_text"
+    if branches == ["string", "bytes"]:
+        return "text_or_bytes"
+    if len(branches) == 1:
+        b = branches[0]
+        if _logical(b) == "time-micros":
+            return "time_plain"
+        if _is_record(b, "dims", "lower_bounds", "elements"):
+            return "array"
+    return "as_is"
+
+
+def _elements(elements: Column, items: Any) -> Column:
+    """Array elements: simple element types as they are; a union element's typed branch
+    (e.g. numeric[] -> decimal) would lose NaN, so such elements stay structs."""
+    kind = _kind(RowField("element", items, None))
+    if kind == "time_plain":
+        return F.transform(elements, _time_text)
+    if kind == "time":
+        return F.transform(elements, lambda e: F.coalesce(_time_text(e["member0"]), e["member1"]))
+    return elements
 
 
 @dataclass(frozen=True)
 class FieldConversions:
     by_pg_type: Mapping[str, FieldHook] = field(default_factory=dict)
 
-    def apply(self, col: Column, f: RowField) -> Column:
+    def apply(self, col: Column, f: RowField) -> list[Column]:
+        """The lake columns of one source field (the main column first)."""
         hook = self.by_pg_type.get(f.pg_type or "")
-        return (hook(col, f) if hook else col).alias(f.name)
+        if hook is not None:
+            return [c.alias(name) for name, c in hook(col, f).items()]
+        kind = _kind(f)
+        if kind == "typed_or_text":
+            return [col["member0"].alias(f.name), col["member1"].alias(f.name + TEXT)]
+        if kind == "time":
+            return [F.coalesce(_time_text(col["member0"]), col["member1"]).alias(f.name)]
+        if kind == "time_plain":
+            return [_time_text(col).alias(f.name)]
+        if kind == "text_or_bytes":
+            return [col["member0"].alias(f.name), col["member1"].alias(f.name + BYTES)]
+        if kind == "array":
+            items = _branches(f.avro)[0]["fields"][2]["type"]["items"]
+            standard = (F.size(col["dims"]) <= 1) & (
+                (F.size(col["lower_bounds"]) == 0) | (col["lower_bounds"][0] == 1))
+            return [_elements(col["elements"], items).alias(f.name),
+                    F.when(col.isNotNull() & ~standard,
+                           F.struct(col["dims"].alias("dims"),
+                                    col["lower_bounds"].alias("lower_bounds")))
+                    .alias(f.name + SHAPE)]
+        return [col.alias(f.name)]
+
+    def lake_columns(self, fields: tuple[RowField, ...]) -> list[str]:
+        """Lake column names of the fields, in order (companions after their column)."""
+        out: list[str] = []
+        for f in fields:
+            hook = self.by_pg_type.get(f.pg_type or "")
+            if hook is not None:
+                out += list(hook(F.col(f.name), f))
+                continue
+            kind = _kind(f)
+            out.append(f.name)
+            if kind == "typed_or_text":
+                out.append(f.name + TEXT)
+            elif kind == "text_or_bytes":
+                out.append(f.name + BYTES)
+            elif kind == "array":
+                out.append(f.name + SHAPE)
+        return out
+
+    def companions(self, fields: tuple[RowField, ...]) -> dict[str, list[str]]:
+        """Source column -> its companion lake columns (they follow it for unchanged TOAST)."""
+        names = self.lake_columns(fields)
+        return {f.name: [n for n in names if n != f.name and n.startswith(f.name + "__")]
+                for f in fields}
 
 
 DEFAULT_CONVERSIONS = FieldConversions()

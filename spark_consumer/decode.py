@@ -42,6 +42,12 @@ def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
     """
     env = F.col(ENV)
     row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
+    toast = F.coalesce(env["unchanged_toast"], F.array().cast("array<string>"))
+    # A companion column (conversions.py) is unchanged whenever its source column is.
+    for name, extra in conversions.companions(fields).items():
+        if extra:
+            toast = F.when(F.array_contains(toast, name),
+                           F.concat(toast, F.array(*map(F.lit, extra)))).otherwise(toast)
     return decoded.select(
         *_coords(),
         env["source"]["schema"].alias(E.SCHEMA),
@@ -51,9 +57,9 @@ def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
         env["transaction"]["total_order"].alias(E.TOTAL_ORDER),
         env["op"].alias(E.OP),
         env["source"]["ts_ms"].alias(E.TS_MS),
-        F.coalesce(env["unchanged_toast"], F.array().cast("array<string>")).alias(E.TOAST),
+        toast.alias(E.TOAST),
         env.isNotNull().alias(E.OK),
-        *[conversions.apply(row[f.name], f) for f in fields],
+        *[c for f in fields for c in conversions.apply(row[f.name], f)],
     )
 
 

@@ -33,6 +33,11 @@ class TableChanges:
     key: tuple[str, ...]
     columns: tuple[str, ...]  # source columns present in this batch, in order
     changes: DataFrame  # meta columns + source columns, already limited to applicable txs
+    # From the batch's summary (so no extra Spark job asks for them):
+    truncate: tuple[int, int] | None = None  # latest truncate among the changes
+    toast_columns: frozenset[str] = frozenset()  # columns some change left unchanged (TOAST)
+    key_min: int | str | None = None  # bounds of the first key column: lets MERGE prune files
+    key_max: int | str | None = None
 
     @property
     def name(self) -> str:
@@ -62,7 +67,10 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
     if not DeltaTable.isDeltaTable(spark, tc.path):
         schema = StructType([StructField(c, src_types[c], True) for c in tc.columns] + meta)
         (DeltaTable.createIfNotExists(spark).location(tc.path).addColumns(schema)
-         .property(KEY_PROPERTY, ",".join(tc.key)).execute())
+         .property(KEY_PROPERTY, ",".join(tc.key))
+         # MERGE marks replaced rows in deletion vectors instead of rewriting whole files.
+         .property("delta.enableDeletionVectors", "true")
+         .execute())
     table = DeltaTable.forPath(spark, tc.path)
     existing = {f.name for f in table.toDF().schema.fields}
     new = [c for c in tc.columns if c not in existing]
@@ -82,14 +90,6 @@ def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:
     return tuple(c for c in value.split(",") if c)
 
 
-def _truncate_point(changes: DataFrame) -> tuple[int, int] | None:
-    row = (changes.filter(F.col(E.OP) == "t")
-           .agg(F.max(_order()).alias("t")).first())
-    if row is None or row["t"] is None:
-        return None
-    return int(row["t"][0]), int(row["t"][1])
-
-
 def _after(point: tuple[int, int]) -> Column:
     lsn, order = point
     return (F.col(E.COMMIT_LSN) > lsn) | (
@@ -102,13 +102,22 @@ def _before_sql(point: tuple[int, int], t: str = "t.") -> str:
             f" AND {t}{E.TOTAL_ORDER} < {order}))")
 
 
-def _toast_columns(changes: DataFrame, columns: tuple[str, ...]) -> list[str]:
-    row = changes.agg(F.array_distinct(F.flatten(F.collect_set(E.TOAST))).alias("c")).first()
-    named = set(row["c"] or ()) if row else set()
-    unknown = named - set(columns)
+def _toast_columns(tc: TableChanges) -> list[str]:
+    unknown = tc.toast_columns - set(tc.columns)
     if unknown:
-        raise ApplyError(f"unchanged_toast names unknown column(s) {sorted(unknown)}")
-    return [c for c in columns if c in named]
+        raise ApplyError(f"table {tc.name}: unchanged_toast names unknown column(s) "
+                         f"{sorted(unknown)}")
+    return [c for c in tc.columns if c in tc.toast_columns]
+
+
+def _key_range(tc: TableChanges) -> Column | None:
+    """A target-only predicate on the first key column, so Delta skips files by their min/max
+    statistics instead of scanning the whole table (keys of a batch are usually clustered:
+    new rows and recently changed ones)."""
+    if tc.key_min is None or tc.key_max is None:
+        return None
+    k = F.col(f"t.`{tc.key[0]}`")
+    return (k >= F.lit(tc.key_min)) & (k <= F.lit(tc.key_max))
 
 
 def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
@@ -144,16 +153,20 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     table = ensure_table(spark, tc)
     target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
     changes = tc.changes
-    point = _truncate_point(changes)
+    point = tc.truncate
     if point is not None:
         changes = changes.filter(_after(point))
     changes = changes.filter(F.col(E.OP).isin("c", "r", "u", "d"))
-    toast_cols = _toast_columns(changes, tc.columns)
+    toast_cols = _toast_columns(tc)
     source = collapse(changes, tc.key, tc.columns, toast_cols)
     if toast_cols:
         _check_toast_targets(table, source, tc, toast_cols)
 
-    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key)
+    # A truncate must see every target row (not-matched-by-source), so no range then.
+    on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    key_range = None if point is not None else _key_range(tc)
+    if key_range is not None:
+        on = on & key_range
     newer = _newer()
 
     def value(c: str, matched: bool) -> str:
@@ -201,7 +214,7 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
     table = ensure_table(spark, tc)
     target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
     changes = tc.changes
-    point = _truncate_point(changes)
+    point = tc.truncate
     if point is not None:
         table.delete(_before_sql(point, t=""))
         changes = changes.filter(_after(point))

@@ -1,4 +1,4 @@
-"""Transaction reassembly: which source transactions a batch may apply.
+"""Transaction reassembly: which source transactions a batch may apply. Pure; no Spark.
 
 A transaction is complete when its END marker is present and, for every table collection in
 the marker's `data_collections`, exactly that many distinct data events (by commit_lsn,
@@ -11,18 +11,48 @@ in commit order, so when a batch holds T's END it also holds (or held) the END o
 transaction committed before T. Data events without an END belong to transactions committed
 after every END seen, unless the producer broke the contract (reported as an error).
 
-The Spark side computes a per-transaction summary; the decisions are pure (`plan`).
+The Spark side (`spark_consumer.summary`) aggregates a batch into the small records below,
+one per (transaction, table) and one per transaction's markers; `decide` plans from them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-
-from spark_consumer import envelope as E
 from spark_consumer.errors import TransactionError
+
+Point = tuple[int, int]  # (commit_lsn, total_order): the dedup and ordering key
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """Data events of one transaction on one table, as aggregated from the batch."""
+
+    tx_id: str
+    collection: str  # "schema.table"
+    topic: str
+    commit_lsn: int
+    events: int  # distinct total_order values (duplicates from producer replays count once)
+    records: int  # Kafka records, duplicates included
+    first_seen_ms: int
+    truncate_order: int | None = None  # largest total_order of a 't' event
+    truncates: int = 0  # Kafka records of 't' events
+    toast_columns: frozenset[str] = frozenset()
+    key_min: int | str | None = None  # bounds of the first key column, when orderable
+    key_max: int | str | None = None
+
+
+@dataclass(frozen=True)
+class MarkerStats:
+    """The markers (BEGIN/END) of one transaction seen in the batch."""
+
+    tx_id: str
+    commit_lsn: int
+    has_end: bool
+    expected: Mapping[str, int]  # END's data_collections, table collections only
+    records: int
+    first_seen_ms: int
 
 
 @dataclass(frozen=True)
@@ -32,8 +62,22 @@ class TxSummary:
     tx_id: str
     commit_lsn: int
     has_end: bool
-    missing: tuple[str, ...]  # "<collection>: <seen> of <expected>"
+    missing: tuple[str, ...]  # "<collection>: <seen> of <expected> events"
     first_seen_ms: int  # when the consumer first read any of its records (epoch ms)
+
+
+@dataclass(frozen=True)
+class TableWork:
+    """What one table gets from the applied transactions of a batch."""
+
+    collection: str
+    topic: str
+    events: int
+    only_truncates: bool  # nothing but truncates: a table the lake never had needs nothing
+    truncate: Point | None  # the latest truncate among them
+    toast_columns: frozenset[str]
+    key_min: int | str | None  # None: no usable bounds (mixed types or not orderable)
+    key_max: int | str | None
 
 
 @dataclass(frozen=True)
@@ -41,107 +85,115 @@ class Plan:
     watermark_before: int  # commit_lsn applied before this batch (-1: nothing yet)
     watermark_after: int   # commit_lsn applied after this batch
     applied_transactions: int
-    pending_transactions: int
-    oldest_pending: TxSummary | None
+    tables: tuple[TableWork, ...]
+    pending: tuple[TxSummary, ...] = field(default=())  # oldest first
+    pending_records: int = 0
+
+    @property
+    def pending_transactions(self) -> int:
+        return len(self.pending)
+
+    @property
+    def oldest_pending(self) -> TxSummary | None:
+        return self.pending[0] if self.pending else None
 
 
-def per_transaction(events: DataFrame, marker_rows: DataFrame, watermark: int,
-                    message_collection: str) -> DataFrame:
-    """Summary per transaction above the watermark: tx id, commit_lsn, has_end, complete,
-    first_seen, missing (descriptions of collections whose counts differ)."""
-    ev = (events.filter(F.col(E.COMMIT_LSN) > watermark)
-          .dropDuplicates([E.COMMIT_LSN, E.TOTAL_ORDER]))
-    seen = ev.groupBy(E.TX_ID, F.concat_ws(".", E.SCHEMA, E.TABLE).alias("coll")).agg(
-        F.count(F.lit(1)).alias("n_seen"),
-        F.min(E.FIRST_SEEN).alias("seen_first"),
-        F.max(E.COMMIT_LSN).alias("seen_lsn"),
-    )
-    ends = (marker_rows.filter((F.col("_status") == "END") & (F.col(E.COMMIT_LSN) > watermark))
-            .dropDuplicates([E.TX_ID]))
-    expected = (
-        ends.select(E.TX_ID, F.explode_outer("_data_collections").alias("dc"))
-        .select(E.TX_ID, F.col("dc.data_collection").alias("coll"),
-                F.col("dc.event_count").alias("n_expected"))
-        .filter(F.col("coll").isNotNull() & (F.col("coll") != message_collection))
-    )
-    colls = expected.join(seen, [E.TX_ID, "coll"], "full_outer").withColumn(
-        "match", F.coalesce("n_expected", F.lit(0)) == F.coalesce("n_seen", F.lit(0))
-    )
-    by_tx = colls.groupBy(E.TX_ID).agg(
-        F.min(F.col("match").cast("int")).alias("all_match"),
-        F.collect_list(F.when(~F.col("match"), F.format_string(
-            "%s: %d of %d events", "coll", F.coalesce("n_seen", F.lit(0)),
-            F.coalesce("n_expected", F.lit(0))))).alias("missing"),
-        F.min("seen_first").alias("seen_first"),
-        F.max("seen_lsn").alias("seen_lsn"),
-    )
-    end_info = ends.select(E.TX_ID, F.col(E.COMMIT_LSN).alias("end_lsn"),
-                           F.col(E.FIRST_SEEN).alias("end_first"))
-    return (
-        by_tx.join(end_info, E.TX_ID, "full_outer")
-        .select(
-            E.TX_ID,
-            F.coalesce("end_lsn", "seen_lsn").alias(E.COMMIT_LSN),
-            F.col("end_lsn").isNotNull().alias("has_end"),
-            (F.col("end_lsn").isNotNull() & (F.coalesce("all_match", F.lit(1)) == 1))
-            .alias("complete"),
-            F.least("end_first", "seen_first").alias(E.FIRST_SEEN),
-            F.coalesce("missing", F.array().cast("array<string>")).alias("missing"),
-        )
-    )
+def _summary(tx_id: str, lsn: int, marker: MarkerStats | None,
+             seen: Mapping[str, TableStats]) -> TxSummary:
+    firsts = [s.first_seen_ms for s in seen.values()] + ([marker.first_seen_ms] if marker else [])
+    if marker is None or not marker.has_end:
+        return TxSummary(tx_id, lsn, False, ("END marker not seen yet",), min(firsts))
+    counts = {c: s.events for c, s in seen.items()}
+    missing = tuple(
+        f"{c}: {counts.get(c, 0)} of {marker.expected.get(c, 0)} events"
+        for c in sorted(set(marker.expected) | set(counts))
+        if counts.get(c, 0) != marker.expected.get(c, 0))
+    return TxSummary(tx_id, lsn, True, missing, min(firsts))
 
 
-def _summary(row: object) -> TxSummary:
-    r = row.asDict()  # type: ignore[attr-defined]
-    return TxSummary(r[E.TX_ID], r[E.COMMIT_LSN], r["has_end"],
-                     tuple(r["missing"] or ()) or (("END marker not seen yet",)
-                                                    if not r["has_end"] else ()),
-                     r[E.FIRST_SEEN])
+def _bounds(stats: list[TableStats]) -> tuple[int | str | None, int | str | None]:
+    lows = [s.key_min for s in stats]
+    highs = [s.key_max for s in stats]
+    if any(v is None for v in lows + highs):
+        return None, None
+    if len({type(v) for v in lows + highs}) != 1:
+        return None, None
+    return min(lows), max(highs)  # type: ignore[type-var]
 
 
-def plan_batch(summary: DataFrame, watermark: int) -> tuple[Plan, list[TxSummary]]:
-    """Run the few small aggregations over the summary and decide (pure `decide`).
+def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats],
+           watermark: int) -> Plan:
+    """Plan one batch from its aggregates. Raises `TransactionError` when the producer broke
+    the ordering contract (data events without END although a later transaction ended)."""
+    by_tx: dict[str, dict[str, TableStats]] = {}
+    lsn: dict[str, int] = {}
+    for s in data:
+        if s.commit_lsn <= watermark:
+            continue  # already applied (a replay after a crash)
+        by_tx.setdefault(s.tx_id, {})[s.collection] = s
+        lsn[s.tx_id] = s.commit_lsn
+    mark: dict[str, MarkerStats] = {}
+    for m in markers:
+        if m.commit_lsn <= watermark:
+            continue
+        mark[m.tx_id] = m
+        lsn[m.tx_id] = m.commit_lsn
 
-    Returns the plan and the oldest pending transactions (up to 5) for messages.
-    """
-    first = summary.agg(
-        F.min(F.when(F.col("has_end") & ~F.col("complete"), F.col(E.COMMIT_LSN))).alias("cut"),
-    ).first()
-    cutoff = first["cut"] if first else None
-    applicable = F.col("complete") & (F.lit(True) if cutoff is None
-                                      else F.col(E.COMMIT_LSN) < cutoff)
-    agg = summary.agg(
-        F.max(F.when(applicable, F.col(E.COMMIT_LSN))).alias("w_after"),
-        F.sum(applicable.cast("int")).alias("n_applied"),
-    ).first()
-    w_after = agg["w_after"] if agg and agg["w_after"] is not None else watermark
-    orphans = (summary.filter(~F.col("has_end") & (F.col(E.COMMIT_LSN) <= w_after))
-               .orderBy(E.COMMIT_LSN).limit(5).collect())
+    def complete(tx: str) -> bool:
+        m = mark.get(tx)
+        if m is None or not m.has_end:
+            return False
+        seen = {c: s.events for c, s in by_tx.get(tx, {}).items()}
+        return all(seen.get(c, 0) == m.expected.get(c, 0) for c in set(seen) | set(m.expected))
+
+    order = sorted(lsn, key=lambda tx: lsn[tx])
+    applied: list[str] = []
+    for tx in order:
+        marker = mark.get(tx)
+        if marker is not None and marker.has_end:
+            if not complete(tx):
+                break  # the first ended-but-incomplete transaction blocks everything later
+            applied.append(tx)
+    w_after = lsn[applied[-1]] if applied else watermark
+    orphans = [tx for tx in order if lsn[tx] <= w_after and tx not in set(applied)]
     if orphans:
         raise TransactionError(
             "data events without an END marker although later transactions ended "
             "(is the transaction topic single-partition, and are markers published?): "
-            + "; ".join(f"tx {o[E.TX_ID]} at commit_lsn {o[E.COMMIT_LSN]}" for o in orphans)
-        )
-    pend = summary.filter(F.col(E.COMMIT_LSN) > w_after)
-    counts = pend.agg(F.count(F.lit(1)).alias("n")).first()
-    oldest = [_summary(r) for r in pend.orderBy(E.FIRST_SEEN, E.COMMIT_LSN).limit(5).collect()]
-    plan = Plan(
-        watermark_before=watermark,
-        watermark_after=w_after,
-        applied_transactions=int(agg["n_applied"] or 0) if agg else 0,
-        pending_transactions=int(counts["n"]) if counts else 0,
-        oldest_pending=oldest[0] if oldest else None,
-    )
-    return plan, oldest
+            + "; ".join(f"tx {tx} at commit_lsn {lsn[tx]}" for tx in orphans[:5]))
+
+    per_table: dict[str, list[TableStats]] = {}
+    for tx in applied:
+        for c, s in by_tx.get(tx, {}).items():
+            per_table.setdefault(c, []).append(s)
+    work = []
+    for c, stats in sorted(per_table.items()):
+        truncates = [(s.commit_lsn, s.truncate_order) for s in stats
+                     if s.truncate_order is not None]
+        low, high = _bounds(stats)
+        work.append(TableWork(
+            collection=c, topic=stats[0].topic, events=sum(s.events for s in stats),
+            only_truncates=all(s.truncates == s.records for s in stats),
+            truncate=max(truncates) if truncates else None,
+            toast_columns=frozenset().union(*(s.toast_columns for s in stats)),
+            key_min=low, key_max=high))
+
+    waiting = [tx for tx in order if lsn[tx] > w_after]
+    pending = sorted((_summary(tx, lsn[tx], mark.get(tx), by_tx.get(tx, {})) for tx in waiting),
+                     key=lambda t: (t.first_seen_ms, t.commit_lsn))
+    pending_records = sum(
+        sum(s.records for s in by_tx.get(tx, {}).values())
+        + (mark[tx].records if tx in mark else 0) for tx in waiting)
+    return Plan(watermark, w_after, len(applied), tuple(work), tuple(pending), pending_records)
 
 
-def check_age(oldest: list[TxSummary], now_ms: int, max_age_s: float) -> None:
+def check_age(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> None:
     """An incomplete transaction older than the limit stops the job, naming it."""
     stale = [t for t in oldest if (now_ms - t.first_seen_ms) / 1000 > max_age_s]
     if stale:
         raise TransactionError(
             f"transaction(s) incomplete for more than {max_age_s:.0f}s: "
             + "; ".join(f"tx {t.tx_id} (commit_lsn {t.commit_lsn}, first seen "
-                        f"{(now_ms - t.first_seen_ms) / 1000:.0f}s ago): {', '.join(t.missing)}" for t in stale)
+                        f"{(now_ms - t.first_seen_ms) / 1000:.0f}s ago): {', '.join(t.missing)}"
+                        for t in stale[:5])
         )

@@ -7,7 +7,27 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
-from spark_consumer.topics import subscribe_pattern
+from spark_consumer.errors import ConfigError
+from spark_consumer.topics import subscribe_pattern, transaction_topic
+
+
+def check_transaction_topic(config: ConsumerConfig, timeout_s: float = 30.0) -> None:
+    """Reassembly relies on markers in commit order: the transaction topic must have exactly
+    one partition. A topic not created yet is fine (batches check partitions again)."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = transaction_topic(config.topic_prefix)
+    # All topics, not just this one: asking for a missing topic can auto-create it.
+    meta = AdminClient({"bootstrap.servers": config.kafka_bootstrap}).list_topics(
+        timeout=timeout_s)
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None:
+        return
+    if len(info.partitions) != 1:
+        raise ConfigError(
+            f"topic {topic!r} has {len(info.partitions)} partitions; the transaction topic must "
+            "have exactly one (markers must stay in commit order). Recreate it with one "
+            "partition before the producer starts.")
 
 
 def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
@@ -30,6 +50,7 @@ def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
 
 def start(spark: SparkSession, config: ConsumerConfig,
           processor: BatchProcessor) -> StreamingQuery:
+    check_transaction_topic(config)
     writer = (
         kafka_stream(spark, config).writeStream.queryName("walbridge-consumer")
         .option("checkpointLocation", config.checkpoint_path)

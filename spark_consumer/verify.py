@@ -1,20 +1,24 @@
 """`verify`: compare each published PostgreSQL table with its Delta table, key by key and column
-by column. PostgreSQL is read through psycopg (its loaders give Python values), the lake
-through Spark; both sides become {key: {column: value}} and are diffed in pure Python."""
+by column. Both sides become {key: {column: comparable value}} and are diffed in pure Python:
+PostgreSQL's canonical text of each value against the lake value rendered to that text
+(`verify_forms`), so edge values (NaN, infinity, BC dates, 24:00, interval months) compare
+exactly rather than through a loader's approximation."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from pyspark.sql import SparkSession
 
+from schemas.type_mapping import field_names
+from spark_consumer import verify_forms as forms
 from spark_consumer.config import VerifyConfig
 from spark_consumer.errors import ConfigError
+from spark_consumer.verify_forms import ColumnInfo
 
 Row = dict[str, Any]
 
@@ -52,13 +56,34 @@ def key_columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-def _norm(value: Any) -> Any:
-    # Delta decimals come back with the column's scale; compare numerically.
-    if isinstance(value, Decimal):
-        return value.normalize()
-    if isinstance(value, memoryview | bytearray):
-        return bytes(value)
-    return value
+COLUMNS_SQL = """
+WITH RECURSIVE cols AS (
+    SELECT a.attnum, a.attname, a.atttypid AS typid FROM pg_attribute a
+    WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+), base(attnum, typid, depth) AS (
+    SELECT attnum, typid, 0 FROM cols
+    UNION ALL
+    SELECT b.attnum, t.typbasetype, b.depth + 1 FROM base b JOIN pg_type t ON t.oid = b.typid
+    WHERE t.typtype = 'd'
+)
+SELECT c.attname, t.typname, e.typname AS element
+FROM cols c
+JOIN LATERAL (SELECT typid FROM base WHERE base.attnum = c.attnum
+              ORDER BY depth DESC LIMIT 1) b ON true
+JOIN pg_type t ON t.oid = b.typid
+LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+ORDER BY c.attnum
+"""
+
+
+def columns(conn: psycopg.Connection[Any], table: str) -> list[ColumnInfo]:
+    rows = conn.execute(COLUMNS_SQL, (table,)).fetchall()
+    lake_names = field_names(tuple(r[0] for r in rows))
+    out = []
+    for (name, base, element), lake in zip(rows, lake_names, strict=True):
+        # An array's element may itself be a domain; its base name is good enough here.
+        out.append(ColumnInfo(name, lake, base, element))
+    return out
 
 
 def diff(table: str, pg: Mapping[Any, Row], lake: Mapping[Any, Row], limit: int = 20) -> TableDiff:
@@ -68,20 +93,22 @@ def diff(table: str, pg: Mapping[Any, Row], lake: Mapping[Any, Row], limit: int 
     for k in sorted(pg.keys() & lake.keys(), key=repr):
         for col, pv in pg[k].items():
             lv = lake[k].get(col)
-            if _norm(pv) != _norm(lv):
+            if pv != lv:
                 different.append((k, col, pv, lv))
         if len(different) >= limit:
             break
     return TableDiff(table, missing, extra, tuple(different))
 
 
-def read_pg(conn: psycopg.Connection[Any], table: str, key: list[str]) -> dict[Any, Row]:
+def read_pg(conn: psycopg.Connection[Any], table: str, cols: list[ColumnInfo],
+            key: list[str]) -> dict[Any, Row]:
     schema, name = table.split(".", 1)
+    exprs = sql.SQL(", ").join(forms.pg_expression(c) for c in cols)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema),
-                                                         sql.Identifier(name)))
-        cols = [d.name for d in cur.description or ()]
-        rows = [dict(zip(cols, r, strict=True)) for r in cur]
+        cur.execute(sql.SQL("SELECT {} FROM {}.{}").format(
+            exprs, sql.Identifier(schema), sql.Identifier(name)))
+        rows = [{c.name: forms.pg_value(c, v) for c, v in zip(cols, r, strict=True)}
+                for r in cur]
     return _by_key(rows, key)
 
 
@@ -99,19 +126,21 @@ def _by_key(rows: list[Row], key: list[str]) -> dict[Any, Row]:
     return out
 
 
-def read_lake(spark: SparkSession, path: str, columns: list[str],
+def read_lake(spark: SparkSession, path: str, cols: list[ColumnInfo],
               key: list[str]) -> dict[Any, Row] | None:
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
         return None
     df = spark.read.format("delta").load(path)
-    present = [c for c in columns if c in df.columns]
-    rows = [
-        {c: r[c] if c in present else None for c in columns}
-        for r in df.select(*present).toLocalIterator()
-    ]
+    rows = [{c.name: forms.lake_text(c, r.asDict()) for c in cols}
+            for r in df.toLocalIterator()]
     return _by_key(rows, key)
+
+
+# Canonical text forms on the PostgreSQL side (see verify_forms).
+SESSION = ("SET DateStyle = 'ISO, MDY'", "SET TimeZone = 'UTC'",
+           "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 1")
 
 
 def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
@@ -124,20 +153,15 @@ def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
                 raise ConfigError(f"WALBRIDGE_TABLES {sorted(unknown)} are not in publication "
                                   f"{config.publication!r}")
             tables = [t for t in tables if t in config.tables]
+        for statement in SESSION:
+            conn.execute(statement)
         for table in tables:
             key = key_columns(conn, table)
-            pg_rows = read_pg(conn, table, key)
-            columns = list(next(iter(pg_rows.values())).keys()) if pg_rows else []
-            if not columns:
-                with conn.cursor() as cur:
-                    cur.execute(sql.SQL("SELECT * FROM {}.{} LIMIT 0").format(
-                        *map(sql.Identifier, table.split(".", 1))))
-                    columns = [d.name for d in cur.description or ()]
+            cols = columns(conn, table)
+            pg_rows = read_pg(conn, table, cols, key)
             schema, name = table.split(".", 1)
-            lake = read_lake(spark, f"{config.lake_path}/{schema}/{name}", columns, key)
-            if lake is None:
-                lake = {}
-            out.append(diff(table, pg_rows, lake))
+            lake = read_lake(spark, f"{config.lake_path}/{schema}/{name}", cols, key)
+            out.append(diff(table, pg_rows, lake or {}))
     return out
 
 

@@ -1,0 +1,152 @@
+"""One aggregation per batch: decoded events and markers -> the small per-transaction records
+that `reassembly.decide` plans from, plus the records that failed to decode.
+
+Everything the batch needs to know before it writes (completeness, truncates, unchanged-TOAST
+columns, key bounds for file pruning, undecodable records) comes out of this single Spark job,
+so a small batch does not pay for a dozen separate aggregations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
+
+from spark_consumer import envelope as E
+from spark_consumer.reassembly import MarkerStats, TableStats
+
+NOT_DECODED = "Avro body does not decode with its writer schema"
+NO_TRANSACTION = "data event without transaction block or commit_lsn"
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """The first record (lowest partition, offset) of a group that cannot be used."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    count: int
+
+
+def bad_reason() -> Column:
+    """Why a decoded data event cannot be applied, or null when it can."""
+    return (F.when(~F.col(E.OK), F.lit(NOT_DECODED))
+            .when(F.col(E.TX_ID).isNull() | F.col(E.COMMIT_LSN).isNull(), F.lit(NO_TRANSACTION)))
+
+
+def usable() -> Column:
+    return F.col(E.OK) & F.col(E.TX_ID).isNotNull() & F.col(E.COMMIT_LSN).isNotNull()
+
+
+def _key_bounds(key_type: DataType | None, key: str | None) -> tuple[Column, Column]:
+    """The first key column as a long or a string, for min/max (file pruning); else null."""
+    none = F.lit(None)
+    if key is None or key_type is None:
+        return none.cast("long"), none.cast("string")
+    if isinstance(key_type, LongType | IntegerType | ShortType):
+        return F.col(key).cast("long"), none.cast("string")
+    if isinstance(key_type, StringType):
+        return none.cast("long"), F.col(key)
+    return none.cast("long"), none.cast("string")
+
+
+def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
+    key_type = next((f.dataType for f in events.schema.fields if f.name == key), None)
+    k_long, k_str = _key_bounds(key_type, key)
+    reason = bad_reason()
+    return events.filter(reason.isNotNull() | (F.col(E.COMMIT_LSN) > watermark)).select(
+        F.lit("d").alias("kind"),
+        reason.alias("bad"),
+        F.col(E.TX_ID).alias("tx"),
+        F.concat_ws(".", E.SCHEMA, E.TABLE).alias("coll"),
+        F.col(E.TOPIC).alias("topic"),
+        F.col(E.PARTITION).alias("part"),
+        F.col(E.OFFSET).alias("off"),
+        F.col(E.COMMIT_LSN).alias("lsn"),
+        F.col(E.TOTAL_ORDER).alias("ord"),
+        F.col(E.OP).alias("op"),
+        F.col(E.FIRST_SEEN).alias("seen"),
+        F.col(E.TOAST).alias("toast"),
+        k_long.alias("k_long"),
+        k_str.alias("k_str"),
+        F.lit(None).cast("string").alias("status"),
+        F.lit(None).cast("array<struct<data_collection:string,event_count:long>>").alias("dcs"),
+    )
+
+
+def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
+    return markers.filter(~F.col(E.OK) | (F.col(E.COMMIT_LSN) > watermark)).select(
+        F.lit("m").alias("kind"),
+        F.when(~F.col(E.OK), F.lit(NOT_DECODED)).alias("bad"),
+        F.col(E.TX_ID).alias("tx"),
+        F.lit(None).cast("string").alias("coll"),
+        F.col(E.TOPIC).alias("topic"),
+        F.col(E.PARTITION).alias("part"),
+        F.col(E.OFFSET).alias("off"),
+        F.col(E.COMMIT_LSN).alias("lsn"),
+        F.lit(None).cast("long").alias("ord"),
+        F.lit(None).cast("string").alias("op"),
+        F.col(E.FIRST_SEEN).alias("seen"),
+        F.lit(None).cast("array<string>").alias("toast"),
+        F.lit(None).cast("long").alias("k_long"),
+        F.lit(None).cast("string").alias("k_str"),
+        F.col("_status").alias("status"),
+        F.col("_data_collections").alias("dcs"),
+    )
+
+
+def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
+            watermark: int, message_collection: str,
+            ) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
+    """Run the batch's one aggregation. `tables`: (decoded events, first key column or None)."""
+    parts = [_data_rows(df, key, watermark) for df, key in tables] + [
+        _marker_rows(markers, watermark)]
+    rows = reduce(DataFrame.unionByName, parts)
+    end = F.col("status") == "END"
+    agg = rows.groupBy("kind", "bad", "tx", "coll", "topic").agg(
+        F.max("lsn").alias("lsn"),
+        # size(collect_set) rather than count_distinct: one hash aggregate, no Expand stage.
+        F.size(F.collect_set("ord")).alias("events"),
+        F.count(F.lit(1)).alias("records"),
+        F.min("seen").alias("seen"),
+        F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
+        F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+        F.array_distinct(F.flatten(F.collect_set("toast"))).alias("toast"),
+        F.min("k_long").alias("kl_min"), F.max("k_long").alias("kl_max"),
+        F.min("k_str").alias("ks_min"), F.max("k_str").alias("ks_max"),
+        # A null in the bounds column means some event had no usable key value.
+        F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
+        F.max(end).alias("has_end"),
+        F.max(F.when(end, F.col("dcs"))).alias("dcs"),
+        F.min(F.struct("part", "off")).alias("first"),
+    ).collect()
+    data: list[TableStats] = []
+    marks: list[MarkerStats] = []
+    bad: list[BadRecord] = []
+    for r in agg:
+        if r["bad"] is not None:
+            bad.append(BadRecord(r["topic"], r["first"]["part"], r["first"]["off"], r["bad"],
+                                 r["records"]))
+        elif r["kind"] == "d":
+            low = r["kl_min"] if r["kl_min"] is not None else r["ks_min"]
+            high = r["kl_max"] if r["kl_max"] is not None else r["ks_max"]
+            if r["k_null"]:
+                low = high = None
+            data.append(TableStats(
+                tx_id=r["tx"], collection=r["coll"], topic=r["topic"], commit_lsn=r["lsn"],
+                events=r["events"], records=r["records"], first_seen_ms=r["seen"],
+                truncate_order=r["t_ord"], truncates=r["truncates"], toast_columns=frozenset(r["toast"] or ()),
+                key_min=low, key_max=high))
+        else:
+            expected = {d["data_collection"]: d["event_count"] for d in (r["dcs"] or ())
+                        if d["data_collection"] != message_collection}
+            marks.append(MarkerStats(r["tx"], r["lsn"], bool(r["has_end"]), expected,
+                                     r["records"], r["seen"]))
+    bad.sort(key=lambda b: (b.topic, b.partition, b.offset))
+    return data, marks, bad

@@ -1,0 +1,126 @@
+"""Per-batch cost of the consumer's foreachBatch function, without Kafka (static batches).
+
+Measures (local[2], mock:// registry, Delta under a temp dir):
+  - small: several batches of 2 source transactions each (a few changes on two tables); the
+    fixed cost per batch is what decides freshness;
+  - large: one batch of N changes (upserts over 2 tables, in transactions of 100 changes);
+    reported as changes/s and as a ratio to a plain Delta append of the same decoded rows
+    measured in the same run (the baseline).
+
+Run:
+  .walbridge/venv/bin/python tests/bench/bench_consumer_batch.py --small-batches 5 --large 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spark_consumer.batch import BatchProcessor
+from spark_consumer.config import ConsumerConfig
+from spark_consumer.registry import WriterSchemas
+from spark_consumer.session import build_session
+from tests.support.event_writer import (
+    ColumnSpec,
+    EventWriter,
+    KafkaRecord,
+    TableSpec,
+    registry_client,
+)
+from tests.support.spark import KAFKA_SCHEMA, KafkaLog
+
+DEC = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
+ACCOUNTS = TableSpec("public", "accounts", (ColumnSpec("id", "long", "int8"),
+                                             ColumnSpec("balance", DEC, "numeric(12,2)"),
+                                             ColumnSpec("note", "string", "text")), ("id",))
+SAVINGS = TableSpec("bank", "savings", ACCOUNTS.columns, ("id",))
+
+
+def transactions(writer: EventWriter, first_xid: int, count: int, changes_per_tx: int,
+                 key_space: int) -> list[KafkaRecord]:
+    out: list[KafkaRecord] = []
+    for i in range(count):
+        xid = first_xid + i
+        tx = writer.transaction(xid, xid * 10)
+        for j in range(changes_per_tx):
+            table = ACCOUNTS if j % 2 == 0 else SAVINGS
+            key = (xid * changes_per_tx + j) % key_space
+            tx.insert(table, {"id": key, "balance": Decimal(f"{key % 1000}.25"), "note": f"n{j}"})
+        out += tx.records()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small-batches", type=int, default=5)
+    ap.add_argument("--large", type=int, default=50_000, help="changes in the large batch")
+    args = ap.parse_args()
+
+    spark = build_session("bench-consumer-batch", shuffle_partitions=2)
+    spark.sparkContext.setLogLevel("WARN")
+    client = registry_client("mock://bench-batch")
+    writer = EventWriter(client, "bench")
+    log = KafkaLog()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = ConsumerConfig(kafka_bootstrap="-", schema_registry_url="mock://bench-batch",
+                             topic_prefix="bench", lake_path=f"{tmp}/lake",
+                             checkpoint_path=f"{tmp}/cp", trigger=None, available_now=True)
+        proc = BatchProcessor(spark, cfg, WriterSchemas(client))
+        xid = 1
+        small: list[float] = []
+        for b in range(args.small_batches):
+            recs = transactions(writer, xid, 2, 3, 1000)
+            xid += 2
+            df = log.frame(spark, recs)
+            t0 = time.perf_counter()
+            report = proc.process(df, b)
+            small.append(time.perf_counter() - t0)
+            print(f"  batch {b}: {small[-1]:.1f} s {report.steps}")
+        print(f"small batches (2 tx, 6 changes): {', '.join(f'{s:.1f}' for s in small)} s; "
+              f"median {sorted(small)[len(small) // 2]:.1f} s (first includes table creation)")
+
+        n_tx = max(1, args.large // 100)
+        recs = transactions(writer, xid, n_tx, 100, 10**9)
+        rows = log.rows(recs)
+        big = spark.createDataFrame(rows, KAFKA_SCHEMA).persist()
+        big.count()
+        t0 = time.perf_counter()
+        report = proc.process(big, args.small_batches)
+        merge_s = time.perf_counter() - t0
+        print(f"  large batch steps: {report.steps}")
+        changes = n_tx * 100
+
+        # Baseline: decode the same rows the same way and append them to a fresh Delta table.
+        from pyspark.sql import functions as F
+
+        from spark_consumer.conversions import DEFAULT_CONVERSIONS
+        from spark_consumer.decode import table_events, with_envelope_from_avro
+        from spark_consumer.envelope import row_fields
+        from spark_consumer.framing import schema_id_col
+
+        t0 = time.perf_counter()
+        for spec in (ACCOUNTS, SAVINGS):
+            topic = spec.topic("bench")
+            part = big.filter(F.col("topic") == topic).withColumn("_first_seen", F.lit(0))
+            vid = part.select(schema_id_col(F.col("value")).alias("v")).first()["v"]
+            text = WriterSchemas(client).text(vid)
+            fields = row_fields(WriterSchemas(client).parsed(vid))
+            ev = table_events(with_envelope_from_avro(part, text), fields, DEFAULT_CONVERSIONS)
+            ev.drop("_unchanged_toast").write.format("delta").mode("append").save(
+                f"{tmp}/append/{spec.table}")
+        append_s = time.perf_counter() - t0
+        print(f"large batch: {changes} changes in {n_tx} tx: consumer {merge_s:.1f} s "
+              f"({changes / merge_s:,.0f} changes/s); plain decode+append {append_s:.1f} s "
+              f"({changes / append_s:,.0f} changes/s); ratio consumer/append "
+              f"{merge_s / append_s:.2f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
