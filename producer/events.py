@@ -4,8 +4,9 @@
 
 - DEFAULT / USING INDEX: the old tuple is key-only ('K'): ``before`` holds the key columns
   (the others null) on delete, and an update that changes the key becomes a delete of the old
-  key followed by a create of the new one (so each Kafka key sees its own lifecycle). An
-  update that keeps the key has ``before`` null.
+  key followed by a create of the new one (so each Kafka key sees its own lifecycle); that
+  create carries the old key's row in ``before``, because the columns it lists in
+  ``unchanged_toast`` must be taken from there. An update that keeps the key has ``before`` null.
 - FULL: the whole old row ('O') on update and delete. When the table has a primary key the
   producer keys FULL tables by it (see pipeline) and splits key changes the same way;
   without one the key is every column and updates stay updates.
@@ -92,7 +93,9 @@ def update_changes(shape: TableShape, message: Update, lsn: int) -> tuple[RowCha
         before, old_toast = codec.convert_row(old, lsn)
         return (
             RowChange("d", old_key, before, None, old_toast),
-            RowChange("c", _key(shape, new, lsn), None, after, toast),
+            # The create names the row it replaces in ``before``: PostgreSQL does not resend
+            # unchanged TOAST values, so a consumer takes them from the old key's row.
+            RowChange("c", _key(shape, new, lsn), before, after, toast),
         )
     old_row = codec.convert_row(old, lsn)[0] if message.old_kind == "O" else None
     # The old tuple's key: a TOASTed key column that did not change is 'u' in the new tuple.

@@ -89,7 +89,7 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
         ("c", {"id": 1}, None, row(1, "a", "v1")),
         ("u", {"id": 1}, None, row(1, "a", "v2")),
         ("d", {"id": 1}, row(1, None, None), None),
-        ("c", {"id": 2}, None, row(2, "a", "v2")),
+        ("c", {"id": 2}, row(1, None, None), row(2, "a", "v2")),  # before: the row it replaces
         ("u", {"id": 2}, None, row(2, "b", "v2")),
         ("d", {"id": 2}, row(2, None, None), None),
     ],
@@ -97,7 +97,7 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
         ("c", {"id": 1}, None, row(1, "a", "v1")),
         ("u", {"id": 1}, row(1, "a", "v1"), row(1, "a", "v2")),
         ("d", {"id": 1}, row(1, "a", "v2"), None),
-        ("c", {"id": 2}, None, row(2, "a", "v2")),
+        ("c", {"id": 2}, row(1, "a", "v2"), row(2, "a", "v2")),
         ("u", {"id": 2}, row(2, "a", "v2"), row(2, "b", "v2")),
         ("d", {"id": 2}, row(2, "b", "v2"), None),
     ],
@@ -106,7 +106,7 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
         ("u", {"code": "a"}, None, row(1, "a", "v2")),
         ("u", {"code": "a"}, None, row(2, "a", "v2")),
         ("d", {"code": "a"}, row(None, "a", None), None),
-        ("c", {"code": "b"}, None, row(2, "b", "v2")),
+        ("c", {"code": "b"}, row(None, "a", None), row(2, "b", "v2")),
         ("d", {"code": "b"}, row(None, "b", None), None),
     ],
 }
@@ -170,13 +170,23 @@ def test_unchanged_toast_is_listed_and_null(env: dict[str, Any]) -> None:
     t = T["toast"]
     big = "".join(f"{i:05d}" for i in range(3000))  # 15 kB, stored out of line
     dsn = env["dsn"]
-    sql(dsn, f"INSERT INTO {t} VALUES (1, 1, '{big}')", f"UPDATE {t} SET small = 2 WHERE id = 1")
-    records = in_commit_order(env["reader"].read([topic(env, t)], expect=2))
-    assert [r.value["op"] for r in records] == ["c", "u"]
+    sql(
+        dsn,
+        f"INSERT INTO {t} VALUES (1, 1, '{big}')",
+        f"UPDATE {t} SET small = 2 WHERE id = 1",
+        f"UPDATE {t} SET id = 2 WHERE id = 1",  # a key change that leaves the TOASTed value alone
+    )
+    records = in_commit_order(env["reader"].read([topic(env, t)], expect=4))
+    assert [r.value["op"] for r in records] == ["c", "u", "d", "c"]
     assert records[0].value["after"] == {"id": 1, "small": 1, "big": big}
     assert records[0].value["unchanged_toast"] == []
     assert records[1].value["after"] == {"id": 1, "small": 2, "big": None}
     assert records[1].value["unchanged_toast"] == ["big"]
+    # The create names the row it replaces, where a consumer finds the value not resent.
+    moved = records[3].value
+    assert moved["before"] == {"id": 1, "small": None, "big": None}
+    assert moved["after"] == {"id": 2, "small": 2, "big": None}
+    assert moved["unchanged_toast"] == ["big"]
 
 
 def markers(env: dict[str, Any], tx_id: str) -> list[dict[str, Any]]:

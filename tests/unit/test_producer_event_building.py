@@ -80,7 +80,7 @@ def test_default_key_change_is_delete_then_create() -> None:
     msg = Update(None, 4242, "K", tup(1, None, None), tup(2, "a", "x"))
     assert as_tuples(update_changes(DEFAULT, msg, 10)) == [
         ("d", {"id": 1}, row(1, None, None), None, []),
-        ("c", {"id": 2}, None, row(2, "a", "x"), []),
+        ("c", {"id": 2}, row(1, None, None), row(2, "a", "x"), []),  # before: the row it replaces
     ]
 
 
@@ -100,7 +100,7 @@ def test_full_update_has_whole_before_and_splits_pk_change() -> None:
     moved = Update(None, 4242, "O", tup(1, "a", "x"), tup(2, "a", "x"))
     assert as_tuples(update_changes(FULL_PK, moved, 10)) == [
         ("d", {"id": 1}, row(1, "a", "x"), None, []),
-        ("c", {"id": 2}, None, row(2, "a", "x"), []),
+        ("c", {"id": 2}, row(1, "a", "x"), row(2, "a", "x"), []),
     ]
 
 
