@@ -172,9 +172,8 @@ class Pipeline:
         self.tx_topic = transaction_topic(self.prefix)
         self.hb_topic = heartbeat_topic(self.prefix)
         self.msg_topic = message_topic(self.prefix)
-        self.topics.ensure(
-            [self.tx_topic, self.hb_topic] + ([self.msg_topic] if cfg.messages else [])
-        )
+        self.topics.ensure([self.tx_topic], single_partition=True)
+        self.topics.ensure([self.hb_topic] + ([self.msg_topic] if cfg.messages else []))
         self._register_fixed_schemas()
         self.sink = KafkaSink(
             producer_settings(cfg),

@@ -47,11 +47,22 @@ class TopicManager:
         self._policy = policy
         self._ready: set[str] = set()
 
-    def ensure(self, topics: list[str]) -> None:
+    def ensure(self, topics: list[str], *, single_partition: bool = False) -> None:
+        """``single_partition``: the transaction topic. Its END markers must be totally ordered,
+        so a consumer that sees a transaction's END has seen every earlier transaction's END."""
         wanted = [t for t in dict.fromkeys(topics) if t not in self._ready]
         if not wanted:
             return
-        existing = set(self._admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics)
+        metadata = self._admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics
+        existing = set(metadata)
+        if single_partition:
+            for topic in wanted:
+                if topic in existing and len(metadata[topic].partitions) != 1:
+                    raise TopicError(
+                        topic,
+                        f"has {len(metadata[topic].partitions)} partitions; the transaction topic "
+                        "must have exactly one, so that transaction markers stay in commit order",
+                    )
         missing = [t for t in wanted if t not in existing]
         if missing and not self._policy.create:
             raise TopicError(
@@ -60,17 +71,17 @@ class TopicManager:
                 f"WALBRIDGE_CREATE_TOPICS=false); create it first. Missing: {', '.join(missing)}",
             )
         if missing:
-            self._create(missing)
+            self._create(missing, 1 if single_partition else self._policy.partitions)
         self._ready.update(wanted)
 
-    def _create(self, topics: list[str]) -> None:
+    def _create(self, topics: list[str], partitions: int) -> None:
         config = {}
         if self._policy.retention_ms:
             config["retention.ms"] = str(self._policy.retention_ms)
         new = [
             NewTopic(
                 t,
-                num_partitions=self._policy.partitions,
+                num_partitions=partitions,
                 replication_factor=self._policy.replication_factor,
                 config=config,
             )
@@ -89,4 +100,4 @@ class TopicManager:
                 ):
                     continue  # created concurrently: fine
                 raise TopicError(topic, f"could not be created: {exc}") from exc
-            log.info("created topic", extra={"topic": topic, "partitions": self._policy.partitions})
+            log.info("created topic", extra={"topic": topic, "partitions": partitions})
