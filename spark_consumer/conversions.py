@@ -60,9 +60,18 @@ def _is_record(t: Any, *fields: str) -> bool:
 def _time_text(micros: Column) -> Column:
     """Microseconds since midnight -> 'HH:MM:SS.ffffff' (24:00:00 included)."""
     secs = F.floor(micros / 1_000_000)
-    return F.format_string("%02d:%02d:%02d.%06d", F.floor(secs / 3600).cast("int"),
-                           (F.floor(secs / 60) % 60).cast("int"), (secs % 60).cast("int"),
-                           (micros % 1_000_000).cast("int"))
+    return F.when(micros.isNotNull(), F.format_string(
+        "%02d:%02d:%02d.%06d", F.floor(secs / 3600).cast("int"),
+        (F.floor(secs / 60) % 60).cast("int"), (secs % 60).cast("int"),
+        (micros % 1_000_000).cast("int")))
+
+
+def _time_or_text(col: Column) -> Column:
+    """[time-micros, string]: the string branch holds 24:00:00 as PostgreSQL prints it; pad it
+    to the same fixed width as the typed branch."""
+    text = col["member1"]
+    padded = F.when(text.rlike(r"^\d\d:\d\d:\d\d$"), F.concat(text, F.lit(".000000")))
+    return F.coalesce(_time_text(col["member0"]), padded.otherwise(text))
 
 
 def _kind(f: RowField) -> str:
@@ -91,7 +100,7 @@ def _elements(elements: Column, items: Any) -> Column:
     if kind == "time_plain":
         return F.transform(elements, _time_text)
     if kind == "time":
-        return F.transform(elements, lambda e: F.coalesce(_time_text(e["member0"]), e["member1"]))
+        return F.transform(elements, _time_or_text)
     return elements
 
 
@@ -108,7 +117,7 @@ class FieldConversions:
         if kind == "typed_or_text":
             return [col["member0"].alias(f.name), col["member1"].alias(f.name + TEXT)]
         if kind == "time":
-            return [F.coalesce(_time_text(col["member0"]), col["member1"]).alias(f.name)]
+            return [_time_or_text(col).alias(f.name)]
         if kind == "time_plain":
             return [_time_text(col).alias(f.name)]
         if kind == "text_or_bytes":

@@ -74,7 +74,7 @@ def render_scalar(base: str, v: Any) -> str | None:
     if hasattr(v, "asDict"):  # a struct comes back from Spark as a Row
         v = v.asDict()
     if base == "bool":
-        return "t" if v else "f"
+        return "true" if v else "false"  # bool::text, unlike bool's output function
     if isinstance(v, Decimal):
         return format(v, "f")
     if base == "date" and isinstance(v, date):

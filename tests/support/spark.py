@@ -37,7 +37,7 @@ class KafkaLog:
     def rows(
         self, records: Iterable[KafkaRecord], partition_of: Mapping[str, int] | None = None
     ) -> list[tuple[object, ...]]:
-        out = []
+        out: list[tuple[object, ...]] = []
         for r in records:
             p = (partition_of or {}).get(r.topic, 0)
             off = self._next[(r.topic, p)]

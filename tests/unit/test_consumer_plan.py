@@ -118,7 +118,7 @@ def col(base: str, element: str | None = None) -> forms.ColumnInfo:
     ("timestamptz", {"c": datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)}, "2024-01-02 03:04:05+00"),
     ("time", {"c": "24:00:00.000000"}, "24:00:00"),
     ("time", {"c": "01:02:03.500000"}, "01:02:03.5"),
-    ("bool", {"c": False}, "f"),
+    ("bool", {"c": False}, "false"),
     ("bytea", {"c": b"\x01\xff"}, "\\x01ff"),
     ("int8", {"c": 7}, "7"),
     ("text", {"c": None}, None),

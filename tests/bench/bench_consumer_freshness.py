@@ -1,0 +1,118 @@
+"""Freshness: source commit -> visible in the lake (through the progress table), p50 and p99,
+at a steady rate of changes/s through the whole real pipeline (PostgreSQL, the producer as a
+subprocess, Kafka, the consumer streaming in this process).
+
+Workload: transactions of 10 inserts at the given rate. A transaction is visible when the first
+progress row with commit_lsn >= its commit_lsn is written (`applied_at`); its commit time is the
+event's `_ts_ms` (source commit time). Needs the local stack (deploy/local/stack up).
+
+Run:
+  eval "$(deploy/local/stack env)"
+  .walbridge/venv/bin/python tests/bench/bench_consumer_freshness.py --rate 1000 --seconds 60 --trigger "1 seconds"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import psycopg
+from pyspark.sql import functions as F
+
+from spark_consumer.session import build_session
+from spark_consumer.source import start
+from tests.e2e.harness import Pipeline
+from tests.integration.test_producer_harness import sql
+
+
+def load(dsn: str, table: str, rate: float, seconds: float, per_tx: int = 10) -> int:
+    """Steady transactions of `per_tx` inserts; returns how many transactions committed."""
+    interval = per_tx / rate
+    n = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            with conn.transaction():
+                conn.execute(f"INSERT INTO {table} (v) SELECT g FROM generate_series(1, %s) g",
+                             (per_tx,))
+            n += 1
+            lag = t0 + n * interval - time.monotonic()
+            if lag > 0:
+                time.sleep(lag)
+    return n
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=float, default=1000.0, help="changes/s")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--trigger", default="1 seconds")
+    args = ap.parse_args()
+    dsn = os.environ["WALBRIDGE_PG_DSN"]
+    s = f"bench_fresh_{uuid.uuid4().hex[:8]}"
+    table = f"{s}.events"
+    sql(dsn, f"CREATE SCHEMA {s}",
+        f"CREATE TABLE {table} (id bigserial PRIMARY KEY, v int, at timestamptz DEFAULT now())")
+    spark = build_session("bench-consumer-freshness", shuffle_partitions=2)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Pipeline(spark, dsn, os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
+                         os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"], Path(tmp), [table],
+                         "benchfresh")
+            try:
+                p.start_producer()
+                proc = p.processor(trigger=args.trigger, available_now=False)
+                query = start(spark, proc.config, proc)
+                box: list[int] = []
+                worker = threading.Thread(target=lambda: box.append(
+                    load(dsn, table, args.rate, args.seconds)))
+                worker.start()
+                worker.join()
+                p.wait_published()
+                expected = box[0] * 10
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    done = sum(sum(r.changes_by_table.values()) for r in proc.reports)
+                    if done >= expected or query.exception() is not None:
+                        break
+                    time.sleep(2)
+                query.stop()
+                progress = (spark.read.format("delta").load(f"{p.lake}/_walbridge/progress")
+                            .select("commit_lsn", F.col("applied_at").cast("double").alias("at"))
+                            .orderBy("commit_lsn").collect())
+                schema, name = table.split(".")
+                txs = (spark.read.format("delta").load(f"{p.lake}/{schema}/{name}")
+                       .groupBy("_commit_lsn").agg(F.max("_ts_ms").alias("ts")).collect())
+                marks = [(r["commit_lsn"], r["at"]) for r in progress]
+                delays = []
+                for t in txs:
+                    visible = next(at for lsn, at in marks if lsn >= t["_commit_lsn"])
+                    delays.append(visible - t["ts"] / 1000)
+                seconds = [r.seconds for r in proc.reports if not r.skipped]
+                print(f"{len(txs)} transactions ({len(txs) * 10} changes) at {args.rate:.0f} "
+                      f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
+                      f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
+                      f"batches, median batch {pct(seconds, 50):.1f} s")
+            finally:
+                p.close()
+    finally:
+        sql(dsn, f"DROP SCHEMA {s} CASCADE")
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The whole pipeline for one e2e scenario: tables in PostgreSQL, a throw-away publication, slot
+and topic prefix, the REAL producer as a subprocess, and the consumer (in-process through its
+API, or as `python -m spark_consumer run` subprocess) writing a lake under the test's tmp dir.
+
+The producer helpers come from tests/integration/test_producer_harness.py (no tests there).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+
+from spark_consumer import verify
+from spark_consumer.batch import BatchProcessor
+from spark_consumer.config import ConsumerConfig, VerifyConfig
+from spark_consumer.registry import WriterSchemas
+from spark_consumer.source import start
+from tests.integration.test_producer_harness import ProducerProcess, Source, sql
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0,
+             every: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+class Pipeline:
+    def __init__(self, spark: SparkSession, dsn: str, kafka: str, registry: str, tmp: Path,
+                 tables: list[str], name: str) -> None:
+        self.spark = spark
+        self.dsn = dsn
+        self.kafka = kafka
+        self.registry = registry
+        self.tmp = tmp
+        self.tables = tables
+        self.source = Source.create(dsn, tables, name)
+        self.prefix = self.source.prefix
+        self.lake = str(tmp / "lake")
+        self.checkpoint = str(tmp / "checkpoint")
+        # The transaction topic must have one partition (reassembly relies on marker order);
+        # created here until the producer creates it that way itself. Data topics: 3.
+        admin = AdminClient({"bootstrap.servers": kafka})
+        for f in admin.create_topics([NewTopic(f"{self.prefix}.transaction", 1, 1)]).values():
+            f.result(30)
+        self.producer = ProducerProcess(self.source, kafka, registry, topic_partitions=3)
+
+    def start_producer(self) -> None:
+        self.producer.start()
+
+    def sql(self, *statements: str) -> None:
+        sql(self.dsn, *statements)
+
+    def wait_published(self, timeout: float = 120.0) -> None:
+        """Everything committed so far is in Kafka (the producer confirms only acked LSNs)."""
+        self.source.wait_confirmed(self.source.current_lsn(), timeout)
+
+    def config(self, **overrides: Any) -> ConsumerConfig:
+        settings: dict[str, Any] = dict(
+            kafka_bootstrap=self.kafka, schema_registry_url=self.registry,
+            topic_prefix=self.prefix, lake_path=self.lake, checkpoint_path=self.checkpoint,
+            trigger=None, available_now=True)
+        return ConsumerConfig(**{**settings, **overrides})
+
+    def processor(self, **overrides: Any) -> BatchProcessor:
+        return BatchProcessor(self.spark, self.config(**overrides),
+                              WriterSchemas.from_url(self.registry))
+
+    def consume_available(self, **overrides: Any) -> BatchProcessor:
+        proc = self.processor(**overrides)
+        start(self.spark, proc.config, proc).awaitTermination()
+        return proc
+
+    def verify(self) -> list[verify.TableDiff]:
+        return verify.run(VerifyConfig(self.dsn, self.lake, self.source.publication, ()),
+                          self.spark)
+
+    def assert_equal(self) -> None:
+        diffs = self.verify()
+        assert all(d.equal for d in diffs), verify.report(diffs)
+        assert {d.table for d in diffs} == set(self.tables)
+
+    def progress(self) -> list[dict[str, Any]]:
+        df = self.spark.read.format("delta").load(f"{self.lake}/_walbridge/progress")
+        return [r.asDict() for r in df.orderBy("batch_id").collect()]
+
+    def table(self, name: str, version: int | None = None) -> list[dict[str, Any]]:
+        schema, table = name.split(".")
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return [r.asDict() for r in reader.load(f"{self.lake}/{schema}/{table}").collect()]
+
+    def consumer_env(self, **extra: str) -> dict[str, str]:
+        return ({k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")} | {
+            "WALBRIDGE_KAFKA_BOOTSTRAP": self.kafka,
+            "WALBRIDGE_SCHEMA_REGISTRY_URL": self.registry,
+            "WALBRIDGE_TOPIC_PREFIX": self.prefix,
+            "WALBRIDGE_LAKE_PATH": self.lake,
+            "WALBRIDGE_CHECKPOINT_PATH": self.checkpoint,
+            "WALBRIDGE_SPARK_DRIVER_MEMORY": "1g",
+        } | extra)
+
+    def consumer_process(self, *args: str, log_name: str = "consumer",
+                         **extra: str) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{log_name}.log").open("ab")
+        return subprocess.Popen([sys.executable, "-m", "spark_consumer", "run", *args],
+                                cwd=ROOT, env=self.consumer_env(**extra), stdout=log,
+                                stderr=subprocess.STDOUT)
+
+    def log(self, name: str = "consumer") -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        if self.producer.proc is not None:
+            self.producer.stop()
+        self.source.drop()
+
+
+@contextmanager
+def pipeline(spark: SparkSession, dsn: str, kafka: str, registry: str, tmp: Path,
+             tables: list[str], name: str) -> Iterator[Pipeline]:
+    p = Pipeline(spark, dsn, kafka, registry, tmp, tables, name)
+    try:
+        yield p
+    finally:
+        p.close()
