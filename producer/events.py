@@ -14,27 +14,32 @@
 
 Unchanged TOAST columns are listed in ``unchanged_toast`` and are null in ``after``; the
 consumer keeps the value it has (null there never means "set to NULL").
+
+Rows and keys are produced already Avro-encoded (the record bodies, by the table's compiled
+encoders ``RelationCodec.encode_row``/``encode_key``): nothing per event goes through dicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from producer.pgoutput import UNCHANGED_TOAST, Delete, Insert, TupleData, Update
-from schemas.envelope import TRANSACTION_BLOCK, envelope_record
+from schemas.envelope import TRANSACTION_BLOCK
 from schemas.relation import RelationCodec
+from schemas.row_encoder import KeyEncoder
 
 Row = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class RowChange:
+class RowChange(NamedTuple):
+    """A NamedTuple, not a frozen dataclass: one or two are made per event (cheaper to build)."""
+
     op: str  # c, u, d
-    key: Row | None  # None: the table has no replica identity (null Kafka key)
-    before: Row | None
-    after: Row | None
+    key: bytes | None  # the Key record's Avro body; None: no replica identity (null Kafka key)
+    before: bytes | None  # the Value record's Avro body, or None
+    after: bytes | None
     unchanged_toast: list[str]
 
 
@@ -49,7 +54,7 @@ class TableShape:
 
     @property
     def keyed(self) -> bool:
-        return self.codec.convert_key is not None
+        return self.codec.encode_key is not None
 
     @classmethod
     def of(cls, codec: RelationCodec, replica_identity: str) -> TableShape:
@@ -59,9 +64,9 @@ class TableShape:
         return cls(codec, replica_identity, positions, split)
 
 
-def _key(shape: TableShape, values: TupleData, lsn: int) -> Row | None:
-    convert: Callable[..., Row] | None = shape.codec.convert_key
-    return None if convert is None else convert(values, lsn)
+def _key(shape: TableShape, values: TupleData, lsn: int) -> bytes | None:
+    encode: KeyEncoder | None = shape.codec.encode_key
+    return None if encode is None else encode(values, lsn)
 
 
 def key_changed(positions: Sequence[int], old: TupleData, new: TupleData) -> bool:
@@ -76,7 +81,7 @@ def key_changed(positions: Sequence[int], old: TupleData, new: TupleData) -> boo
 
 
 def insert_changes(shape: TableShape, message: Insert, lsn: int) -> tuple[RowChange, ...]:
-    after, toast = shape.codec.convert_row(message.new, lsn)
+    after, toast = shape.codec.encode_row(message.new, lsn)
     return (RowChange("c", _key(shape, message.new, lsn), None, after, toast),)
 
 
@@ -84,26 +89,26 @@ def update_changes(shape: TableShape, message: Update, lsn: int) -> tuple[RowCha
     codec = shape.codec
     old = message.old
     new = message.new
-    after, toast = codec.convert_row(new, lsn)
+    after, toast = codec.encode_row(new, lsn)
     if old is None:
         # Key unchanged (DEFAULT/INDEX), or no identity at all (NOTHING).
         return (RowChange("u", _key(shape, new, lsn), None, after, toast),)
     old_key = _key(shape, old, lsn)
     if shape.split_key_changes and key_changed(shape.key_positions, old, new):
-        before, old_toast = codec.convert_row(old, lsn)
+        before, old_toast = codec.encode_row(old, lsn)
         return (
             RowChange("d", old_key, before, None, old_toast),
             # The create names the row it replaces in ``before``: PostgreSQL does not resend
             # unchanged TOAST values, so a consumer takes them from the old key's row.
             RowChange("c", _key(shape, new, lsn), before, after, toast),
         )
-    old_row = codec.convert_row(old, lsn)[0] if message.old_kind == "O" else None
+    old_row = codec.encode_row(old, lsn)[0] if message.old_kind == "O" else None
     # The old tuple's key: a TOASTed key column that did not change is 'u' in the new tuple.
     return (RowChange("u", old_key, old_row, after, toast),)
 
 
 def delete_changes(shape: TableShape, message: Delete, lsn: int) -> tuple[RowChange, ...]:
-    before, toast = shape.codec.convert_row(message.old, lsn)
+    before, toast = shape.codec.encode_row(message.old, lsn)
     return (RowChange("d", _key(shape, message.old, lsn), before, None, toast),)
 
 
@@ -134,23 +139,6 @@ def source_block(
         "commit_lsn": commit_lsn,
         "xmin": None,
     }
-
-
-def envelope(
-    change: RowChange, row_record: str, source: Row, transaction: Row | None, ts_ms: int
-) -> Row:
-    """The value datum; ``row_record`` is the codec's Value record name. Unions are written in
-    fastavro's branch notation (``schemas.envelope.envelope_record``): much cheaper to encode."""
-    return envelope_record(
-        row_record,
-        change.op,
-        change.before,
-        change.after,
-        source,
-        ts_ms,
-        transaction,
-        change.unchanged_toast,
-    )
 
 
 def truncate_envelope(source: Row, transaction: Row | None, ts_ms: int) -> Row:

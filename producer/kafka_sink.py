@@ -106,9 +106,16 @@ class KafkaSink:
         try:
             self._producer.produce(topic, value, key, on_delivery=callback)
         except BufferError:
-            self._wait_for_room(topic, key, value, callback, on_wait)
+            self.wait_for_room(topic, key, value, callback, on_wait)
 
-    def _wait_for_room(
+    @property
+    def raw_produce(self) -> Callable[..., None]:
+        """confluent-kafka's ``Producer.produce`` (``topic, value, key, on_delivery=``) for a
+        hot loop; it raises BufferError when the local queue is full: call ``wait_for_room``."""
+        produce: Callable[..., None] = self._producer.produce
+        return produce
+
+    def wait_for_room(
         self,
         topic: str,
         key: bytes | None,
@@ -116,6 +123,7 @@ class KafkaSink:
         callback: DeliveryCallback,
         on_wait: Callable[[], None],
     ) -> None:
+        """Back-pressure: serve delivery reports until the full local queue takes the event."""
         while True:
             self._producer.poll(_BACKPRESSURE_POLL_S)
             self.raise_failure()

@@ -93,6 +93,10 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _no_sink(*_args: Any, **_kwargs: Any) -> None:
+    raise AssertionError("produce before setup()")
+
+
 class ShutdownRequested(Exception):
     """SIGTERM/SIGINT noticed while blocked on Kafka or the registry, or inside a transaction."""
 
@@ -119,6 +123,7 @@ class Pipeline:
         self._reported_at = 0.0
         self.client: ReplicationClient | None = None
         self.sink: KafkaSink | None = None
+        self._kafka_produce: Callable[..., None] = _no_sink
         self._http: HealthServer | None = None
         self._lag: LagMonitor | None = None
 
@@ -181,6 +186,9 @@ class Pipeline:
             self.prefix,
             on_delivery_error=lambda topic: self.metrics.delivery_errors.labels(topic).inc(),
         )
+        # confluent-kafka's produce itself, bound once: the hot path skips the sink's wrapper
+        # (a full queue is still handled by the sink, see _produce).
+        self._kafka_produce = self.sink.raw_produce
         self.sql = SqlSession(cfg.pg_dsn, "walbridge_catalog")
         self.catalog = TypeCatalog()
         self.tables = TableRoutes(
@@ -425,20 +433,21 @@ class Pipeline:
         if tx.event_count == 0:
             self._produce_marker(tx.begin_marker())
         order = tx.next_order(route.table)
+        op, key, before, after, unchanged_toast = change
         value = route.writer.encode(
-            change.op,
-            change.before,
-            change.after,
+            op,
+            before,
+            after,
             tx.encoded,
             lsn,
-            _now_ms(),
+            time.time_ns() // 1_000_000,
             order.total_order,
             order.data_collection_order,
-            change.unchanged_toast,
+            unchanged_toast,
         )
-        key = None
-        if change.key is not None and route.key_encoder is not None:
-            key = route.key_encoder.encode(change.key)
+        if key is not None:
+            key_header = route.key_header
+            key = None if key_header is None else key_header + key
         self._produce(route.topic, route.counts, key, value)
 
     def _produce_marker(self, marker: dict[str, Any]) -> None:
@@ -472,16 +481,21 @@ class Pipeline:
             counts[0] = counts[1] = 0
 
     def _produce(self, topic: str, counts: list[int], key: bytes | None, value: bytes) -> None:
-        ticket, callback, sink = self._ticket, self._callback, self.sink
-        assert ticket is not None and callback is not None and sink is not None
+        ticket = self._ticket
+        assert ticket is not None
         ticket.outstanding += 1  # before produce: a delivery report can't come earlier
-        sink.produce(topic, key, value, callback, self._keep_alive)
+        try:
+            self._kafka_produce(topic, value, key, on_delivery=self._callback)
+        except BufferError:
+            assert self.sink is not None and self._callback is not None
+            self.sink.wait_for_room(topic, key, value, self._callback, self._keep_alive)
         counts[0] += 1
         counts[1] += len(value) + (len(key) if key else 0)
         self._since_poll += 1
         if self._since_poll >= _POLL_EVERY:
             self._since_poll = 0
-            sink.poll(0)
+            assert self.sink is not None
+            self.sink.poll(0)
             self._confirm_acked()
             self._flush_counts()
             self._keep_alive()

@@ -21,7 +21,7 @@ from schemas.envelope import Schema
 from schemas.registry import SchemaRegistry
 from schemas.relation import UnmappedColumnLog, build_relation_codec
 from schemas.type_catalog import TypeCatalog
-from schemas.wire import AvroEncoder
+from schemas.wire import AvroEncoder, header
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,9 @@ class TableRoute:
     shape: TableShape
     topic: str
     table: str  # "schema.table" (the data_collection)
-    key_encoder: AvroEncoder | None
+    key_header: bytes | None  # Confluent header of the Key schema; None: null Kafka keys
     value_encoder: AvroEncoder
     source: Row
-    row_record: str  # the Value record's full name (fastavro union branch)
     writer: TableEnvelopeWriter  # row events; value_encoder serves the rare truncate events
     counts: list[int]  # events, bytes produced since the metrics were last updated
 
@@ -79,7 +78,7 @@ class TableRoutes:
             relation = self._key_by_primary_key(relation)
         codec = build_relation_codec(relation, self._catalog, topic, self._unmapped)
         shape = TableShape.of(codec, relation.replica_identity)
-        if codec.convert_key is None and codec.table not in self._warned_keyless:
+        if codec.encode_key is None and codec.table not in self._warned_keyless:
             self._warned_keyless.add(codec.table)
             log.warning(
                 "table has no replica identity: events get a null Kafka key (append-only), "
@@ -92,12 +91,11 @@ class TableRoutes:
             shape=shape,
             topic=topic,
             table=codec.table,
-            key_encoder=None
-            if codec.key_schema is None or ids.key_id is None
-            else AvroEncoder(codec.key_schema, ids.key_id),
+            key_header=None
+            if codec.encode_key is None or ids.key_id is None
+            else header(ids.key_id),
             value_encoder=AvroEncoder(codec.envelope_schema, ids.value_id),
             source=self._source_for(schema, relation.name),
-            row_record=codec.value_schema["name"],
             writer=self._writer_for(codec.envelope_schema, ids.value_id, schema, relation.name),
             counts=[0, 0],
         )

@@ -46,7 +46,7 @@ def array_text(convert: Convert, delimiter: bytes = b",") -> Convert:
             ]
             dims = [len(raw)]
         elif data[1:2] != b"{":  # one dimension with quoted items
-            raw = _split_flat(data[1:-1], delimiter)
+            raw = split_flat(data[1:-1], delimiter)
             dims = [len(raw)]
         else:
             raw, dims = _split_nested(data, delimiter)
@@ -81,7 +81,7 @@ _TOKENS: dict[bytes, re.Pattern[bytes]] = {}
 _FLAT: dict[bytes, re.Pattern[bytes]] = {}
 
 
-def _split_flat(body: bytes, delim: bytes) -> list[bytes | None]:
+def split_flat(body: bytes, delim: bytes) -> list[bytes | None]:
     """Items of a one-dimensional array body (the text between its braces)."""
     pattern = _FLAT.get(delim)
     if pattern is None:

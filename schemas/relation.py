@@ -8,15 +8,23 @@ contract: ``Value(data, binary)``, ``UNCHANGED_TOAST``, ``None`` for NULL).
 
 from __future__ import annotations
 
-import struct
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from psycopg import Error as PsycopgError
+import fastavro
 
 from schemas.envelope import Schema, envelope_schema, topic_namespace
 from schemas.errors import ConversionError
+from schemas.row_encoder import (
+    CONVERSION_FAILURES,
+    KeyEncoder,
+    RowEncoder,
+    UnsupportedSchema,
+    compile_key_encoder,
+    compile_row_encoder,
+)
 from schemas.type_catalog import TypeCatalog
 from schemas.type_mapping import (
     AvroMapping,
@@ -27,15 +35,7 @@ from schemas.type_mapping import (
     map_type,
 )
 
-# What a broken value can raise from a converter (parsers, struct, psycopg, Decimal).
-CONVERSION_FAILURES = (
-    ValueError,
-    TypeError,
-    LookupError,
-    ArithmeticError,
-    struct.error,
-    PsycopgError,
-)
+__all__ = ["CONVERSION_FAILURES", "RelationCodec", "build_relation_codec"]
 
 
 class ColumnLike(Protocol):
@@ -104,6 +104,10 @@ class RelationCodec:
     key_schema: Schema | None  # None: no replica identity, append-only (null Kafka key)
     convert_row: Callable[..., tuple[dict[str, Any], list[str]]]
     convert_key: Callable[..., dict[str, Any]] | None
+    # The same rows as Avro bytes (the record body, no union branch or header): what the
+    # producer sends. Byte-identical to fastavro on convert_row/convert_key's output.
+    encode_row: RowEncoder
+    encode_key: KeyEncoder | None
 
     def column_types(self) -> dict[str, str]:
         return {c.name: c.pg_type for c in self.columns}
@@ -181,13 +185,15 @@ def _conversion_error(
 def _make_key_converter(
     table: str,
     columns: Sequence[ColumnSchema],
-    mappings: Sequence[AvroMapping],
+    key_mappings: Sequence[AvroMapping],
     toast: object,
 ) -> Callable[..., dict[str, Any]]:
+    """``key_mappings``: the Key record's mappings, one per key column (their converters name
+    the Key record's own named types in union branches, e.g. ``<ns>.Key_tags``)."""
+    positions = [i for i, c in enumerate(columns) if c.is_key]
     plan = tuple(
-        (i, c.name, c.field, m.text, m.binary)
-        for i, (c, m) in enumerate(zip(columns, mappings, strict=True))
-        if c.is_key
+        (i, columns[i].name, columns[i].field, m.text, m.binary)
+        for i, m in zip(positions, key_mappings, strict=True)
     )
 
     def convert_key(values: Sequence[Any], lsn: int | None = None) -> dict[str, Any]:
@@ -245,6 +251,7 @@ def build_relation_codec(
 
     key_schema: Schema | None = None
     convert_key = None
+    encode_key = None
     if any(c.is_key for c in columns):
         key_ctx = MappingContext(catalog, ns)
         key_cols = [c for c in columns if c.is_key]
@@ -252,13 +259,15 @@ def build_relation_codec(
             map_type(key_ctx, c.type_oid, c.type_modifier, f"Key_{c.field}") for c in key_cols
         ]
         key_schema = _row_schema(f"{ns}.Key", key_cols, key_maps)
-        convert_key = _make_key_converter(table, columns, mappings, toast)
+        convert_key = _make_key_converter(table, columns, key_maps, toast)
+        encode_key = _key_encoder(table, columns, key_maps, key_schema, toast, convert_key)
 
     if on_unmapped is not None:
         for c in columns:
             if not c.mapped:
                 on_unmapped(table, c.name, c.pg_type)
 
+    convert_row = _make_converter(table, columns, mappings, toast)
     return RelationCodec(
         table=table,
         topic=topic,
@@ -267,9 +276,65 @@ def build_relation_codec(
         value_schema=value_schema,
         envelope_schema=envelope_schema(topic, value_schema),
         key_schema=key_schema,
-        convert_row=_make_converter(table, columns, mappings, toast),
+        convert_row=convert_row,
         convert_key=convert_key,
+        encode_row=_row_encoder(table, columns, mappings, value_schema, toast, convert_row),
+        encode_key=encode_key,
     )
+
+
+def _row_encoder(
+    table: str,
+    columns: Sequence[ColumnSchema],
+    mappings: Sequence[AvroMapping],
+    schema: Schema,
+    toast: object,
+    convert_row: Callable[..., tuple[dict[str, Any], list[str]]],
+) -> RowEncoder:
+    spec = [(c.name, m) for c, m in zip(columns, mappings, strict=True)]
+    try:
+        return compile_row_encoder(table, spec, toast, convert_row)
+    except UnsupportedSchema:
+        return _fastavro_row_encoder(schema, convert_row)
+
+
+def _key_encoder(
+    table: str,
+    columns: Sequence[ColumnSchema],
+    key_mappings: Sequence[AvroMapping],
+    schema: Schema,
+    toast: object,
+    convert_key: Callable[..., dict[str, Any]],
+) -> KeyEncoder:
+    positions = [i for i, c in enumerate(columns) if c.is_key]
+    spec = [(i, columns[i].name, m) for i, m in zip(positions, key_mappings, strict=True)]
+    try:
+        return compile_key_encoder(table, len(columns), spec, toast, convert_key)
+    except UnsupportedSchema:
+        parsed = fastavro.parse_schema(schema)
+
+        def encode_key(values: Sequence[Any], lsn: int | None = None) -> bytes:
+            buf = io.BytesIO()
+            fastavro.schemaless_writer(buf, parsed, convert_key(values, lsn))
+            return buf.getvalue()
+
+        return encode_key
+
+
+def _fastavro_row_encoder(
+    schema: Schema, convert_row: Callable[..., tuple[dict[str, Any], list[str]]]
+) -> RowEncoder:
+    """The reference path (converted dict + fastavro), for an Avro shape the compiled encoder
+    does not know (none of today's mappings)."""
+    parsed = fastavro.parse_schema(schema)
+
+    def encode_row(values: Sequence[Any], lsn: int | None = None) -> tuple[bytes, list[str]]:
+        row, unchanged = convert_row(values, lsn)
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, row)
+        return buf.getvalue(), unchanged
+
+    return encode_row
 
 
 class UnmappedColumnLog:

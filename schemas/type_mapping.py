@@ -75,6 +75,10 @@ class AvroMapping:
     text: Convert
     binary: Convert
     mapped: bool = True
+    # Arrays only: the element's mapping and the text delimiter, for the compiled row
+    # encoder's direct paths (schemas.row_encoder); the converters above stay the reference.
+    element: AvroMapping | None = None
+    delimiter: bytes = b","
 
 
 @dataclass
@@ -358,6 +362,8 @@ def _map_array(ctx: MappingContext, pg_type: PgType, type_modifier: int, path: s
         _branch(name, pg_containers.array_text(element.text, pg_type.delimiter.encode())),
         _branch(name, pg_containers.array_binary(element.binary)),
         element.mapped,
+        element=element,
+        delimiter=pg_type.delimiter.encode(),
     )
 
 

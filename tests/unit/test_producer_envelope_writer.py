@@ -1,11 +1,14 @@
 """The hand-written envelope encoder matches fastavro byte for byte (rows, nulls, TOAST lists,
-big and negative longs), and refuses an envelope layout it does not know."""
+big and negative longs, one writer across transactions and milliseconds), and refuses an
+envelope layout it does not know."""
 
 from __future__ import annotations
 
 import copy
+import io
 from typing import Any
 
+import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -43,16 +46,30 @@ def reference(
     return AvroEncoder(CODEC.envelope_schema, 42).encode(datum)
 
 
-def ours(
-    op: str, before: Any, after: Any, xid: int, commit_lsn: int, commit_ts: int, lsn: int,
-    ts_ms: int, total: int, dco: int, toast: list[str],
-) -> bytes:  # fmt: skip
-    writer = TableEnvelopeWriter(
+def row_body(row: dict[str, Any] | None) -> bytes | None:
+    """A row record's Avro body, as the compiled row encoder gives it (checked elsewhere)."""
+    if row is None:
+        return None
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(CODEC.value_schema), row)
+    return buf.getvalue()
+
+
+def new_writer() -> TableEnvelopeWriter:
+    return TableEnvelopeWriter(
         CODEC.envelope_schema, 42, version="1.2.3", prefix="db", db="wal bridge",
         schema="public", table="t",
     )  # fmt: skip
+
+
+def ours(
+    op: str, before: Any, after: Any, xid: int, commit_lsn: int, commit_ts: int, lsn: int,
+    ts_ms: int, total: int, dco: int, toast: list[str], writer: TableEnvelopeWriter | None = None,
+) -> bytes:  # fmt: skip
     tx = TransactionBytes(xid, commit_lsn, commit_ts, f"{xid}:{commit_lsn}")
-    return writer.encode(op, before, after, tx, lsn, ts_ms, total, dco, toast)
+    return (writer or new_writer()).encode(
+        op, row_body(before), row_body(after), tx, lsn, ts_ms, total, dco, toast
+    )
 
 
 ROW = CODEC.convert_row(
@@ -94,6 +111,20 @@ def test_matches_fastavro(op: str, before: Any, after: Any, toast: list[str]) ->
 def test_longs_match_fastavro(xid: int, lsn: int, ts: int, total: int, dco: int) -> None:
     args: tuple[Any, ...] = ("c", None, ROW, xid, lsn, ts, lsn, ts, total, dco, [])
     assert ours(*args) == reference(*args)
+
+
+def test_one_writer_across_transactions_ops_and_milliseconds() -> None:
+    """The writer caches per-transaction, per-op and per-millisecond parts: they must follow."""
+    writer = new_writer()
+    events = [
+        ("c", None, ROW, 1, 100, 5_000, 90, 1_000, 1, 1, []),
+        ("c", None, ROW, 1, 100, 5_000, 91, 1_000, 2, 2, []),
+        ("d", ROW, None, 1, 100, 5_000, 92, 1_001, 3, 3, ["tags"]),
+        ("u", ROW, ROW, 2, 200, 6_000, 190, 1_001, 1, 1, []),
+        ("c", None, ROW, 2, 200, 6_000, 191, 999, 2, 2, []),
+    ]
+    for args in events:
+        assert ours(*args, writer=writer) == reference(*copy.deepcopy(args))  # type: ignore[misc]
 
 
 def test_long_bytes_known_values() -> None:

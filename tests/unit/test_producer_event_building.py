@@ -1,25 +1,30 @@
 """Event building from decoded changes: before/after per replica identity, key changes, TOAST,
-transaction order and markers; codecs from the real schemas package, no services."""
+transaction order and markers; codecs from the real schemas package, no services. Rows and
+keys come Avro-encoded: they are decoded here with fastavro to check their contents."""
 
 from __future__ import annotations
 
-import dataclasses
+import io
 from typing import Any
 
+import fastavro
 import pytest
 
+from producer.envelope_writer import TableEnvelopeWriter
 from producer.events import (
+    RowChange,
     TableShape,
     delete_changes,
-    envelope,
     insert_changes,
     key_changed,
     update_changes,
 )
 from producer.pgoutput import UNCHANGED_TOAST, Column, Delete, Insert, Relation, Update, Value
 from producer.transactions import Transaction, pg_ts_to_ms, transaction_id
+from schemas.envelope import transaction_metadata_schema
 from schemas.relation import build_relation_codec
 from schemas.type_catalog import TypeCatalog
+from schemas.wire import AvroDecoder, AvroEncoder, header
 
 pytestmark = pytest.mark.unit
 
@@ -45,8 +50,49 @@ def tup(*values: Any) -> tuple[Any, ...]:
     )
 
 
+def _decode(schema: Any, body: bytes | None) -> Any:
+    if body is None:
+        return None
+    buf = io.BytesIO(body)
+    record = fastavro.schemaless_reader(buf, fastavro.parse_schema(schema), None)
+    assert buf.read() == b"", "trailing bytes after the record"
+    return record
+
+
 def as_tuples(changes: Any) -> list[tuple[Any, ...]]:
-    return [(c.op, c.key, c.before, c.after, c.unchanged_toast) for c in changes]
+    codec = DEFAULT.codec
+    out = []
+    for c in changes:
+        assert isinstance(c, RowChange)
+        key_schema = {"type": "record", "name": "k", "fields": []}
+        if c.key is not None:
+            key_schema = next(
+                s.codec.key_schema
+                for s in (DEFAULT, INDEX, FULL_NO_PK)
+                if s.codec.key_schema is not None
+                and s.codec.encode_key is not None
+                and _fits(s.codec.key_schema, c.key)
+            )
+        out.append(
+            (
+                c.op,
+                _decode(key_schema, c.key),
+                _decode(codec.value_schema, c.before),
+                _decode(codec.value_schema, c.after),
+                c.unchanged_toast,
+            )
+        )
+    return out
+
+
+def _fits(schema: Any, body: bytes) -> bool:
+    """Does ``body`` decode as exactly one ``schema`` record? (picks the key schema)"""
+    buf = io.BytesIO(body)
+    try:
+        fastavro.schemaless_reader(buf, fastavro.parse_schema(schema), None)
+    except (EOFError, ValueError, UnicodeDecodeError, IndexError):
+        return False
+    return buf.read() == b""
 
 
 def row(i: Any, code: Any, val: Any) -> dict[str, Any]:
@@ -123,17 +169,24 @@ def test_index_identity_before_is_index_columns() -> None:
 def test_unchanged_toast_listed_and_null() -> None:
     msg = Update(None, 4242, None, None, tup(1, "a", UNCHANGED_TOAST))
     (change,) = update_changes(DEFAULT, msg, 10)
-    assert change.after == row(1, "a", None)
+    assert _decode(DEFAULT.codec.value_schema, change.after) == row(1, "a", None)
     assert change.unchanged_toast == ["val"]
-    env = envelope(change, "db.public.t.Value", {"table": "t"}, None, 5)
+    writer = TableEnvelopeWriter(
+        DEFAULT.codec.envelope_schema, 1, version="0", prefix="db", db="db", schema="public",
+        table="t",
+    )  # fmt: skip
+    tx = Transaction(5, 10, 0)
+    value = writer.encode("u", None, change.after, tx.encoded, 9, 5, 1, 1, change.unchanged_toast)
+    env = AvroDecoder(DEFAULT.codec.envelope_schema).decode(value)
     assert env["unchanged_toast"] == ["val"]
-    assert env["after"] == ("db.public.t.Value", row(1, "a", None))
+    assert env["after"] == row(1, "a", None)
 
 
 def test_toasted_key_column_taken_from_old_tuple() -> None:
     msg = Update(None, 4242, "K", tup(None, "a", None), tup(1, UNCHANGED_TOAST, "y"))
     (change,) = update_changes(INDEX, msg, 10)
-    assert change.op == "u" and change.key == {"code": "a"}
+    assert INDEX.codec.key_schema is not None
+    assert change.op == "u" and _decode(INDEX.codec.key_schema, change.key) == {"code": "a"}
     assert change.unchanged_toast == ["code"]
 
 
@@ -178,9 +231,6 @@ def test_transaction_order_and_markers() -> None:
 
 
 def test_envelopes_encode_with_the_registered_schema() -> None:
-    from schemas.envelope import transaction_metadata_schema
-    from schemas.wire import AvroDecoder, AvroEncoder
-
     codec = DEFAULT.codec
     source = {
         "version": "0", "connector": "postgresql", "name": "db", "ts_ms": 1, "snapshot": "false",
@@ -189,14 +239,23 @@ def test_envelopes_encode_with_the_registered_schema() -> None:
     }  # fmt: skip
     (change,) = insert_changes(DEFAULT, Insert(None, 4242, tup(1, "a", None)), 9)
     tx = Transaction(5, 10, 0)
-    block = tx.block(tx.next_order("public.t"))
-    value = envelope(change, codec.value_schema["name"], source, block, 123)
-    encoded = AvroEncoder(codec.envelope_schema, 77).encode(value)
+    order = tx.next_order("public.t")
+    block = tx.block(order)
+    writer = TableEnvelopeWriter(
+        codec.envelope_schema, 77, version="0", prefix="db", db="db", schema="public", table="t"
+    )
+    encoded = writer.encode(
+        change.op, change.before, change.after, tx.encoded, 9, 123, order.total_order,
+        order.data_collection_order, change.unchanged_toast,
+    )  # fmt: skip
     assert encoded[:5] == b"\x00\x00\x00\x00\x4d"
     assert AvroDecoder(codec.envelope_schema).decode(encoded) == {
-        "before": None, "after": row(1, "a", None), "source": source, "op": "c", "ts_ms": 123,
+        "before": None, "after": row(1, "a", None),
+        "source": {**source, "ts_ms": tx.commit_ts_ms}, "op": "c", "ts_ms": 123,
         "transaction": block, "unchanged_toast": [],
     }  # fmt: skip
+    assert codec.key_schema is not None and change.key is not None
+    key = header(1) + change.key
+    assert AvroDecoder(codec.key_schema).decode(key) == {"id": 1}
     marker = AvroEncoder(transaction_metadata_schema(), 1).encode(tx.end_marker())
     assert AvroDecoder(transaction_metadata_schema()).decode(marker) == tx.end_marker()
-    assert dataclasses.is_dataclass(change)

@@ -1,0 +1,129 @@
+"""Arrays of text-like or integer elements: pgoutput wire bytes -> Avro bytes of the array record,
+without building the ``{dims, lower_bounds, elements}`` dict first.
+
+The array record (``schemas.type_mapping``) is ``{dims: array<int>, lower_bounds: array<int>,
+elements: array<["null", element]>}`` and always sits in branch 1 of its column's union.
+These writers follow ``schemas.pg_containers.array_text``/``array_binary`` exactly (same
+splitting, same cases): the text writer takes one-dimensional arrays without bounds
+decoration and hands anything else to ``slow`` (the converter + generic writer).
+Unit tests compare both with fastavro on the converted dict.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from schemas.avro_binary import long_bytes
+from schemas.pg_containers import split_flat
+
+Writer = Callable[[bytes], bytes]
+
+_III: Final = struct.Struct("!iii")
+_II: Final = struct.Struct("!ii")
+_I32: Final = struct.Struct("!i")
+_ELEMENT_HEADS: Final = tuple(b"\x02" + long_bytes(n) for n in range(8192))  # branch 1 + length
+_EMPTY_RECORD: Final = b"\x02\x00\x00\x00"  # branch 1, then three empty arrays
+_ONE_BOUND: Final = b"\x02\x02\x00"  # lower_bounds = [1]
+
+
+def text_elements(items: list[bytes | None]) -> list[bytes]:
+    """Avro of ``["null", string]`` elements from raw UTF-8 items (None = NULL)."""
+    parts: list[bytes] = []
+    a = parts.append
+    for item in items:
+        if item is None:
+            a(b"\x00")
+            continue
+        if not item.isascii():
+            item.decode()  # the reference decodes: invalid UTF-8 must fail the same way
+        n = len(item)
+        a(_ELEMENT_HEADS[n] if n < 8192 else b"\x02" + long_bytes(n))
+        a(item)
+    return parts
+
+
+def int_text_elements(items: list[bytes | None]) -> list[bytes]:
+    """Avro of ``["null", int|long]`` elements from decimal text items."""
+    return [b"\x00" if item is None else b"\x02" + long_bytes(int(item)) for item in items]
+
+
+def array_text_writer(
+    delimiter: bytes, elements: Callable[[list[bytes | None]], list[bytes]], slow: Writer
+) -> Writer:
+    def write(data: bytes) -> bytes:
+        if data[:1] != b"{":
+            return slow(data)  # bounds decoration, e.g. '[0:2]={1,2,3}'
+        if data == b"{}":
+            return _EMPTY_RECORD
+        raw: list[bytes | None]
+        if b'"' not in data and b"\\" not in data and data.count(b"{") == 1:
+            raw = [None if item == b"NULL" else item for item in data[1:-1].split(delimiter)]
+        elif data[1:2] != b"{":  # one dimension with quoted items
+            raw = split_flat(data[1:-1], delimiter)
+        else:
+            return slow(data)  # several dimensions
+        count = long_bytes(len(raw))
+        parts = [b"\x02\x02", count, b"\x00", _ONE_BOUND, count]
+        parts.extend(elements(raw))
+        parts.append(b"\x00")
+        return b"".join(parts)
+
+    return write
+
+
+def _int_array(values: list[int]) -> bytes:
+    if not values:
+        return b"\x00"
+    return long_bytes(len(values)) + b"".join(map(long_bytes, values)) + b"\x00"
+
+
+def array_binary_writer(
+    elements: Callable[[list[bytes | None]], list[bytes]],
+) -> Writer:
+    """array_send format: ndim, has-null flag, element oid, (size, lower bound) per dimension,
+    then (length or -1, bytes) per element in row-major order."""
+
+    def write(data: bytes) -> bytes:
+        ndim, _flags, _elem_oid = _III.unpack_from(data, 0)
+        pos = 12
+        dims: list[int] = []
+        lower: list[int] = []
+        for _ in range(ndim):
+            size, lbound = _II.unpack_from(data, pos)
+            dims.append(size)
+            lower.append(lbound)
+            pos += 8
+        total = 1
+        for size in dims:
+            total *= size
+        raw: list[bytes | None] = []
+        append = raw.append
+        for _ in range(total if ndim else 0):
+            (length,) = _I32.unpack_from(data, pos)
+            pos += 4
+            if length < 0:
+                append(None)
+            else:
+                append(data[pos : pos + length])
+                pos += length
+        parts = [b"\x02", _int_array(dims), _int_array(lower)]
+        if raw:
+            parts.append(long_bytes(len(raw)))
+            parts.extend(elements(raw))
+        parts.append(b"\x00")
+        return b"".join(parts)
+
+    return write
+
+
+def int_binary_elements(unpack: Callable[[bytes], tuple[int]]) -> Callable[..., list[bytes]]:
+    """Avro of ``["null", int|long]`` elements from binary integers (``unpack``: struct's)."""
+
+    def elements(items: list[bytes | None]) -> list[bytes]:
+        return [
+            b"\x00" if item is None else b"\x02" + long_bytes(unpack(item)[0]) for item in items
+        ]
+
+    return elements
