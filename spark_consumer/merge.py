@@ -8,6 +8,10 @@
   carried one, else the target's value; an update that would have to invent one is an error.
 - Matched rows change only if the source's (commit_lsn, total_order) is greater: replay is a
   no-op. Tables without a key are append-only, deduplicated on (commit_lsn, total_order).
+- The ON condition also bounds the first key column to the batch's key range (from the batch
+  summary), so Delta prunes target files by their statistics; tables are created with deletion
+  vectors, so an update marks rows instead of rewriting whole files. Both keep a MERGE's cost
+  tied to the batch, not to the table's size.
 """
 
 from __future__ import annotations

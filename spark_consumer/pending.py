@@ -1,7 +1,8 @@
 """Durable state for records of incomplete transactions: the Delta table
 `<lake>/_walbridge/pending` holds the raw Kafka records (not yet applied), overwritten by each
 batch; the progress row names the version that belongs to it, so a batch that failed half way
-is re-run from the state of the last good batch."""
+is re-run from the state of the last good batch. A progress row without a pending version means
+nothing waited: the common case costs neither a write nor a read of this table."""
 
 from __future__ import annotations
 

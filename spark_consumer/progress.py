@@ -2,7 +2,10 @@
 
 A reader wanting every table at one source transaction boundary takes the row with the largest
 `batch_id` and reads each table `VERSION AS OF table_versions['schema.table']`; all of them then
-hold exactly the transactions committed at or before `commit_lsn`. `pending_version` is the
+hold exactly the transactions committed at or before `commit_lsn`. (A table missing from the map
+had no applied change yet: it does not exist at that point.) Reading a table's latest version
+directly is also whole-transaction consistent for that table, but another table may be one
+batch ahead or behind. `pending_version` is the
 version of the pending table (incomplete transactions) that goes with this row, so a restart
 resumes from the state of the last completed batch.
 """

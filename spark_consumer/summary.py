@@ -117,7 +117,9 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
         F.min("seen").alias("seen"),
         F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
         F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
-        F.array_distinct(F.flatten(F.collect_set("toast"))).alias("toast"),
+        # Most events leave no TOAST value unchanged: collect only the non-empty lists.
+        F.array_distinct(F.flatten(F.collect_set(
+            F.when(F.size("toast") > 0, F.col("toast"))))).alias("toast"),
         F.min("k_long").alias("kl_min"), F.max("k_long").alias("kl_max"),
         F.min("k_str").alias("ks_min"), F.max("k_str").alias("ks_max"),
         # A null in the bounds column means some event had no usable key value.

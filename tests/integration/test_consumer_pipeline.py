@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -16,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, Decoder
+from spark_consumer.errors import ConfigError
 from spark_consumer.registry import WriterSchemas
 from spark_consumer.source import start
 from tests.support.event_writer import (
@@ -74,7 +76,7 @@ class Harness:
         df = self.spark.read.format("delta").load(f"{self.lake}/{schema}/{table}")
         return sorted((r.asDict() for r in df.collect()), key=repr)
 
-    def progress(self) -> list[dict[str, object]]:
+    def progress(self) -> list[dict[str, Any]]:
         df = self.spark.read.format("delta").load(f"{self.lake}/_walbridge/progress")
         return [r.asDict() for r in df.orderBy("batch_id").collect()]
 
@@ -164,3 +166,19 @@ def test_poison_record_quarantined(spark: SparkSession, kafka_bootstrap: str,  #
     q = spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()
     assert [(r["topic"], r["value"], r["reason"]) for r in q] == [
         (AUDIT.topic(h.prefix), b"\x00\x00\x0f\xff\xffjunk", "unknown value schema id 1048575")]
+
+
+def test_transaction_topic_with_several_partitions_is_refused(
+        spark: SparkSession, kafka_bootstrap: str, registry_url: str,  # noqa: F811
+        tmp_path: Path) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(f"{prefix}.transaction", 3, 1)]).values():
+        f.result(30)
+    config = ConsumerConfig(
+        kafka_bootstrap=kafka_bootstrap, schema_registry_url=registry_url, topic_prefix=prefix,
+        lake_path=str(tmp_path / "lake"), checkpoint_path=str(tmp_path / "cp"), trigger=None,
+        available_now=True)
+    processor = BatchProcessor(spark, config, WriterSchemas.from_url(registry_url))
+    with pytest.raises(ConfigError, match=rf"topic '{prefix}.transaction' has 3 partitions"):
+        start(spark, config, processor)
