@@ -38,20 +38,29 @@ def resolve_moved_toast(
     from_cols = moved_from_columns(key)
     if not toast_cols or not all(c in changes.columns for c in from_cols):
         return changes
+    moved_cond = (
+        (F.col(E.OP) == "c")
+        & F.col(from_cols[0]).isNotNull()
+        & F.exists(F.col(E.TOAST), lambda x: x.isin(*toast_cols))
+    )
+    waiting = changes.filter(moved_cond).count()
     for _ in range(MAX_PASSES):
-        moved_cond = (
-            (F.col(E.OP) == "c")
-            & F.col(from_cols[0]).isNotNull()
-            & F.exists(F.col(E.TOAST), lambda x: x.isin(*toast_cols))
-        )
-        if changes.filter(moved_cond).limit(1).count() == 0:
-            return changes
+        if waiting == 0:
+            break
         changes = _one_pass(changes, lake, key, toast_cols, moved_cond)
+        still = changes.filter(moved_cond).count()
+        if still == waiting:  # nothing more can be found; the MERGE's check names what is left
+            break
+        waiting = still
     return changes
 
 
 def _one_pass(
-    changes: DataFrame, lake: DataFrame, key: tuple[str, ...], toast_cols: list[str], moved_cond: Column
+    changes: DataFrame,
+    lake: DataFrame,
+    key: tuple[str, ...],
+    toast_cols: list[str],
+    moved_cond: Column,
 ) -> DataFrame:
     from_cols = moved_from_columns(key)
     moved = changes.filter(moved_cond)
@@ -66,12 +75,19 @@ def _one_pass(
         *[F.col(c).alias(f"_c_v_{c}") for c in toast_cols],
         *[(~F.array_contains(F.col(E.TOAST), c)).alias(f"_c_has_{c}") for c in toast_cols],
     )
+    # A column the lake does not have yet (added at the source in this batch) holds nothing there.
+    in_lake = set(lake.columns)
     lake_rows = lake.select(
         *[F.col(k).alias(f"_c_{k}") for k in key],
         F.lit(-1).cast("long").alias("_c_lsn"),
         F.lit(-1).cast("long").alias("_c_order"),
-        *[F.col(c).alias(f"_c_v_{c}") for c in toast_cols],
-        *[F.lit(True).alias(f"_c_has_{c}") for c in toast_cols],
+        *[
+            (F.col(c) if c in in_lake else F.lit(None))
+            .cast(changes.schema[c].dataType)
+            .alias(f"_c_v_{c}")
+            for c in toast_cols
+        ],
+        *[F.lit(c in in_lake).alias(f"_c_has_{c}") for c in toast_cols],
     )
     candidates = carriers.unionByName(lake_rows)
 
