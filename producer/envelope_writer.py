@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from schemas.avro_binary import SMALL_LONGS as _SMALL
 from schemas.avro_binary import long_bytes, string_bytes
 from schemas.envelope import Schema
 from schemas.wire import header
@@ -84,7 +85,7 @@ class TableEnvelopeWriter:
         self._tx: TransactionBytes | None = None
         self._mid = b""  # source fields up to txId, for self._tx
         self._ops: dict[str, bytes] = {}  # op -> commit_lsn, xmin, op (for self._tx)
-        self._ts_ms = -1
+        self._ts_ms: int | None = None  # the last ts_ms, and its encoding in self._ts
         self._ts = b""
 
     def _enter(self, tx: TransactionBytes) -> None:
@@ -129,8 +130,10 @@ class TableEnvelopeWriter:
                 tail,
                 self._ts,
                 tx.block_head,
-                long_bytes(total_order),
-                long_bytes(data_collection_order),
+                _SMALL[total_order] if total_order < 8192 else long_bytes(total_order),
+                _SMALL[data_collection_order]
+                if data_collection_order < 8192
+                else long_bytes(data_collection_order),
                 toast,
             )
         )

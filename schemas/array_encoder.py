@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from schemas.avro_binary import long_bytes
+from schemas.avro_binary import SMALL_LONGS, long_bytes
 from schemas.pg_containers import split_flat
 
 Writer = Callable[[bytes], bytes]
@@ -32,6 +32,7 @@ def text_elements(items: list[bytes | None]) -> list[bytes]:
     """Avro of ``["null", string]`` elements from raw UTF-8 items (None = NULL)."""
     parts: list[bytes] = []
     a = parts.append
+    heads = _ELEMENT_HEADS
     for item in items:
         if item is None:
             a(b"\x00")
@@ -39,8 +40,7 @@ def text_elements(items: list[bytes | None]) -> list[bytes]:
         if not item.isascii():
             item.decode()  # the reference decodes: invalid UTF-8 must fail the same way
         n = len(item)
-        a(_ELEMENT_HEADS[n] if n < 8192 else b"\x02" + long_bytes(n))
-        a(item)
+        a((heads[n] if n < 8192 else b"\x02" + long_bytes(n)) + item)
     return parts
 
 
@@ -64,11 +64,9 @@ def array_text_writer(
             raw = split_flat(data[1:-1], delimiter)
         else:
             return slow(data)  # several dimensions
-        count = long_bytes(len(raw))
-        parts = [b"\x02\x02", count, b"\x00", _ONE_BOUND, count]
-        parts.extend(elements(raw))
-        parts.append(b"\x00")
-        return b"".join(parts)
+        n = len(raw)
+        count = SMALL_LONGS[n] if n < 8192 else long_bytes(n)
+        return b"".join((b"\x02\x02", count, b"\x00", _ONE_BOUND, count, *elements(raw), b"\x00"))
 
     return write
 

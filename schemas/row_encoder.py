@@ -29,7 +29,7 @@ from typing import Any, Final
 from psycopg import Error as PsycopgError
 
 from schemas import array_encoder, pg_scalars
-from schemas.avro_binary import _LAST, bytes_bytes, long_bytes, string_bytes
+from schemas.avro_binary import _LAST, _MID, bytes_bytes, long_bytes, string_bytes
 from schemas.errors import ConversionError
 from schemas.type_mapping import AvroMapping, AvroType, Convert, nullable
 
@@ -328,6 +328,13 @@ def _int_branch(union: list[Any]) -> int | None:
     return index if index is not None else _branch_for(union, "int")
 
 
+# Appends branch 1 + the long ``x``: table lookups up to 2**27 (row ids, counts), else a call.
+_APPEND_LONG_BRANCH1: Final = (
+    "a(b'\\x02' + (_LAST[x << 1] if 0 <= x < 8192 else _MID[(x << 1) & 16383] + _LAST[x >> 13]"
+    " if 0 <= x < 134217728 else _long(x)))"
+)
+
+
 def _emit_value(
     src: _Source, col: int, mode: str, mapping: AvroMapping, union: list[Any], write: ValueWriter
 ) -> None:
@@ -366,7 +373,7 @@ def _emit_value(
         else:
             src.emit(ind, f"x = {_INT_BINARY[convert]}(d)[0]")
         if int_index == 1:  # small non-negative values: one table lookup for the value
-            src.emit(ind, "a(b'\\x02' + (_LAST[x << 1] if 0 <= x < 8192 else _long(x)))")
+            src.emit(ind, _APPEND_LONG_BRANCH1)
         else:
             src.emit(ind, f"a({prefix} + _long(x))")
     elif convert is pg_scalars.bool_text and _branch_for(union, "boolean") == 1:
@@ -389,7 +396,7 @@ def _emit_value(
             # Converters give the first branch as a plain value, the others in branch notation.
             src.emit(ind, f"x = {conv}(d)")
             src.emit(ind, "if x.__class__ is int:")
-            src.emit(ind + 1, "a(b'\\x02' + (_LAST[x << 1] if 0 <= x < 8192 else _long(x)))")
+            src.emit(ind + 1, _APPEND_LONG_BRANCH1)
             src.emit(ind, f"else: a({writer}(x))")
         elif first in ("bytes", "string"):
             pytype = "bytes" if first == "bytes" else "str"
@@ -418,7 +425,9 @@ def _compile(
     """Generate and compile one encoder; ``columns`` are (position, column name, mapping)
     in the record's field order."""
     src = _Source()
-    src.names.update({"_LAST": _LAST, "_TOAST": toast, "_fallback": fallback, "_fail": _fail})
+    src.names.update(
+        {"_LAST": _LAST, "_MID": _MID, "_TOAST": toast, "_fallback": fallback, "_fail": _fail}
+    )
     src.names["_FAILURES"] = CONVERSION_FAILURES
     src.emit(0, f"def {name}(values, lsn=None):")
     src.emit(1, f"if len(values) != {width}:")
