@@ -333,6 +333,7 @@ _APPEND_LONG_BRANCH1: Final = (
     "a(b'\\x02' + (_LAST[x << 1] if 0 <= x < 8192 else _MID[(x << 1) & 16383] + _LAST[x >> 13]"
     " if 0 <= x < 134217728 else _long(x)))"
 )
+_LONG_BRANCH1: Final = "r = " + _APPEND_LONG_BRANCH1[2:-1]
 
 
 def _emit_value(
@@ -389,15 +390,23 @@ def _emit_value(
     else:
         conv = src.const(f"C{tag}", convert)
         writer = src.const(f"W{tag}", write)
+        # A one-entry cache of the last wire value and its Avro bytes: rows of a transaction
+        # often repeat a value (now(), a status, a day), and converters are pure functions of
+        # the bytes (the session pins every setting they depend on).
+        last = src.const(f"K{tag}", [None, b""])
+        src.emit(ind, f"if d == {last}[0]:")
+        src.emit(ind + 1, f"a({last}[1])")
+        src.emit(ind, "else:")
+        ind += 1
         array = _array_fast(mapping, mode, union, lambda data: write(convert(data)))
         if array is not None:
-            src.emit(ind, f"a({src.const(f'A{tag}', array)}(d))")
+            src.emit(ind, f"r = {src.const(f'A{tag}', array)}(d)")
         elif first in ("int", "long"):
             # Converters give the first branch as a plain value, the others in branch notation.
             src.emit(ind, f"x = {conv}(d)")
             src.emit(ind, "if x.__class__ is int:")
-            src.emit(ind + 1, _APPEND_LONG_BRANCH1)
-            src.emit(ind, f"else: a({writer}(x))")
+            src.emit(ind + 1, _LONG_BRANCH1)
+            src.emit(ind, f"else: r = {writer}(x)")
         elif first in ("bytes", "string"):
             pytype = "bytes" if first == "bytes" else "str"
             heads = src.const(f"H{tag}", _length_heads(b"\x02"))
@@ -406,10 +415,13 @@ def _emit_value(
             if pytype == "str":
                 src.emit(ind + 1, "x = x.encode()")
             src.emit(ind + 1, "n = len(x)")
-            src.emit(ind + 1, f"a({heads}[n] if n < 8192 else b'\\x02' + _long(n)); a(x)")
-            src.emit(ind, f"else: a({writer}(x))")
+            src.emit(ind + 1, f"r = ({heads}[n] if n < 8192 else b'\\x02' + _long(n)) + x")
+            src.emit(ind, f"else: r = {writer}(x)")
         else:
-            src.emit(ind, f"a({writer}({conv}(d)))")
+            src.emit(ind, f"r = {writer}({conv}(d))")
+        src.emit(ind, f"{last}[0] = d")
+        src.emit(ind, f"{last}[1] = r")
+        src.emit(ind, "a(r)")
 
 
 def _compile(

@@ -348,3 +348,29 @@ def test_random_rows_text_and_binary(
         cellv(ok, lambda b: v(b"t" if b else b"f", b"\x01" if b else b"\x00")),
     )
     assert_same_bytes(PROP_CODEC, values)
+
+
+def test_repeated_and_alternating_values_through_the_last_value_caches() -> None:
+    """Each generic column remembers its last wire value: repeats, alternations, NULLs and
+    text/binary switches in one column must all still give the reference bytes."""
+    labels = sorted(CASES)
+    codec = codec_for(
+        ("id", INT8, -1, True),
+        *((f"c{i}", CASES[k][0], CASES[k][1], False) for i, k in enumerate(labels)),
+    )
+    text = tuple(Value(CASES[k][2], False) for k in labels)
+    binary = tuple(Value(CASES[k][3], True) for k in labels)
+    shifted = text[1:] + text[:1]  # every column gets another type's text: mostly errors
+    for values in (text, text, binary, text, (None,) * len(labels), binary, binary, text):
+        assert_same_bytes(codec, (ID, *values))
+    for i in range(len(labels)):
+        row = list(text)
+        row[i] = shifted[i]
+        try:
+            codec.convert_row((ID, *row))
+        except ConversionError:
+            with pytest.raises(ConversionError):
+                codec.encode_row((ID, *row))
+            continue
+        assert_same_bytes(codec, (ID, *row))
+        assert_same_bytes(codec, (ID, *text))
