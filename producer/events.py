@@ -81,35 +81,34 @@ def key_changed(positions: Sequence[int], old: TupleData, new: TupleData) -> boo
 
 
 def insert_changes(shape: TableShape, message: Insert, lsn: int) -> tuple[RowChange, ...]:
-    after, toast = shape.codec.encode_row(message.new, lsn)
-    return (RowChange("c", _key(shape, message.new, lsn), None, after, toast),)
+    after, toast, key = shape.codec.encode_row_key(message.new, lsn)
+    return (RowChange("c", key, None, after, toast),)
 
 
 def update_changes(shape: TableShape, message: Update, lsn: int) -> tuple[RowChange, ...]:
     codec = shape.codec
     old = message.old
     new = message.new
-    after, toast = codec.encode_row(new, lsn)
     if old is None:
         # Key unchanged (DEFAULT/INDEX), or no identity at all (NOTHING).
-        return (RowChange("u", _key(shape, new, lsn), None, after, toast),)
-    old_key = _key(shape, old, lsn)
+        after, toast, key = codec.encode_row_key(new, lsn)
+        return (RowChange("u", key, None, after, toast),)
+    after, toast = codec.encode_row(new, lsn)
+    before, old_toast, old_key = codec.encode_row_key(old, lsn)
     if shape.split_key_changes and key_changed(shape.key_positions, old, new):
-        before, old_toast = codec.encode_row(old, lsn)
         return (
             RowChange("d", old_key, before, None, old_toast),
             # The create names the row it replaces in ``before``: PostgreSQL does not resend
             # unchanged TOAST values, so a consumer takes them from the old key's row.
             RowChange("c", _key(shape, new, lsn), before, after, toast),
         )
-    old_row = codec.encode_row(old, lsn)[0] if message.old_kind == "O" else None
     # The old tuple's key: a TOASTed key column that did not change is 'u' in the new tuple.
-    return (RowChange("u", old_key, old_row, after, toast),)
+    return (RowChange("u", old_key, before if message.old_kind == "O" else None, after, toast),)
 
 
 def delete_changes(shape: TableShape, message: Delete, lsn: int) -> tuple[RowChange, ...]:
-    before, toast = shape.codec.encode_row(message.old, lsn)
-    return (RowChange("d", _key(shape, message.old, lsn), before, None, toast),)
+    before, toast, key = shape.codec.encode_row_key(message.old, lsn)
+    return (RowChange("d", key, before, None, toast),)
 
 
 def source_block(

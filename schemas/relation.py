@@ -21,9 +21,11 @@ from schemas.row_encoder import (
     CONVERSION_FAILURES,
     KeyEncoder,
     RowEncoder,
+    RowKeyEncoder,
     UnsupportedSchema,
     compile_key_encoder,
     compile_row_encoder,
+    compile_row_key_encoder,
 )
 from schemas.type_catalog import TypeCatalog
 from schemas.type_mapping import (
@@ -108,6 +110,8 @@ class RelationCodec:
     # producer sends. Byte-identical to fastavro on convert_row/convert_key's output.
     encode_row: RowEncoder
     encode_key: KeyEncoder | None
+    # Both from one tuple in one pass (key None when the table has no replica identity).
+    encode_row_key: RowKeyEncoder
 
     def column_types(self) -> dict[str, str]:
         return {c.name: c.pg_type for c in self.columns}
@@ -268,6 +272,7 @@ def build_relation_codec(
                 on_unmapped(table, c.name, c.pg_type)
 
     convert_row = _make_converter(table, columns, mappings, toast)
+    encode_row = _row_encoder(table, columns, mappings, value_schema, toast, convert_row)
     return RelationCodec(
         table=table,
         topic=topic,
@@ -278,9 +283,45 @@ def build_relation_codec(
         key_schema=key_schema,
         convert_row=convert_row,
         convert_key=convert_key,
-        encode_row=_row_encoder(table, columns, mappings, value_schema, toast, convert_row),
+        encode_row=encode_row,
         encode_key=encode_key,
+        encode_row_key=_row_key_encoder(
+            table, columns, mappings, toast, convert_row, convert_key, encode_row, encode_key
+        ),
     )
+
+
+def _row_key_encoder(
+    table: str,
+    columns: Sequence[ColumnSchema],
+    mappings: Sequence[AvroMapping],
+    toast: object,
+    convert_row: Callable[..., tuple[dict[str, Any], list[str]]],
+    convert_key: Callable[..., dict[str, Any]] | None,
+    encode_row: RowEncoder,
+    encode_key: KeyEncoder | None,
+) -> RowKeyEncoder:
+    if convert_key is None or encode_key is None:
+
+        def encode_row_only(
+            values: Sequence[Any], lsn: int | None = None
+        ) -> tuple[bytes, list[str], bytes | None]:
+            return (*encode_row(values, lsn), None)
+
+        return encode_row_only
+    spec = [(c.name, m) for c, m in zip(columns, mappings, strict=True)]
+    positions = [i for i, c in enumerate(columns) if c.is_key]
+    try:
+        return compile_row_key_encoder(table, spec, positions, toast, convert_row, convert_key)
+    except UnsupportedSchema:
+        key = encode_key
+
+        def encode_both(
+            values: Sequence[Any], lsn: int | None = None
+        ) -> tuple[bytes, list[str], bytes | None]:
+            return (*encode_row(values, lsn), key(values, lsn))
+
+        return encode_both
 
 
 def _row_encoder(

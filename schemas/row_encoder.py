@@ -36,6 +36,8 @@ from schemas.type_mapping import AvroMapping, AvroType, Convert, nullable
 ValueWriter = Callable[[Any], bytes]
 RowEncoder = Callable[..., tuple[bytes, list[str]]]  # (values, lsn=None) -> (body, unchanged)
 KeyEncoder = Callable[..., bytes]  # (values, lsn=None) -> body
+# (values, lsn=None) -> (row body, unchanged, key body or None)
+RowKeyEncoder = Callable[..., tuple[bytes, list[str], bytes | None]]
 
 
 class UnsupportedSchema(Exception):
@@ -433,9 +435,12 @@ def _compile(
     width: int,
     key: bool,
     fallback: Callable[..., Any],
+    fused_key: Sequence[int] = (),
 ) -> Callable[..., Any]:
     """Generate and compile one encoder; ``columns`` are (position, column name, mapping)
-    in the record's field order."""
+    in the record's field order. With ``fused_key`` (the key columns' positions) a row
+    encoder also returns the key record's body: the key's fields have the same Avro unions
+    as the row's, so their bytes are the row's bytes for those columns."""
     src = _Source()
     src.names.update(
         {"_LAST": _LAST, "_MID": _MID, "_TOAST": toast, "_fallback": fallback, "_fail": _fail}
@@ -453,11 +458,13 @@ def _compile(
     for position, column, mapping in columns:
         union = nullable(mapping.avro)
         write = value_writer(union, named)
+        if position in fused_key:
+            src.emit(2, f"s{position} = len(parts)")
         src.emit(2, f"v = values[{position}]")
         src.emit(2, "if v is None:")
         src.emit(3, "a(b'\\x00')")
         src.emit(2, "elif v is _TOAST:")
-        if key:
+        if key or position in fused_key:
             src.emit(3, "raise ValueError('unchanged TOAST in a key column')")
         else:
             src.emit(3, "a(b'\\x00')  # a placeholder: the column is listed in unchanged_toast")
@@ -468,11 +475,16 @@ def _compile(
         src.emit(2, "else:")
         src.emit(3, "d = v[0]")
         _emit_value(src, position, "t", mapping, union, write)
+        if position in fused_key:
+            src.emit(2, f"e{position} = len(parts)")
     src.emit(1, "except _FAILURES:")
     src.emit(2, "_fallback(values, lsn)  # raises the ConversionError naming the column")
     src.emit(2, f"_fail({table!r}, values, lsn)")
     if key:
         src.emit(1, "return b''.join(parts)")
+    elif fused_key:
+        slices = " + ".join(f"parts[s{p}:e{p}]" for p in fused_key)
+        src.emit(1, f"return b''.join(parts), unchanged, b''.join({slices})")
     else:
         src.emit(1, "return b''.join(parts), unchanged")
     code = "\n".join(src.lines)
@@ -517,6 +529,32 @@ def compile_row_encoder(
     cols = [(i, name, mapping) for i, (name, mapping) in enumerate(columns)]
     encoder: RowEncoder = _compile(
         "encode_row", table, cols, named, toast, len(cols), False, reference
+    )
+    return encoder
+
+
+def compile_row_key_encoder(
+    table: str,
+    columns: Sequence[tuple[str, AvroMapping]],
+    key_positions: Sequence[int],
+    toast: object,
+    reference_row: Callable[..., Any],
+    reference_key: Callable[..., Any],
+) -> RowKeyEncoder:
+    """Row and key in one pass: (values, lsn) -> (row body, unchanged TOAST names, key body).
+
+    For the events whose key comes from the same tuple as their row (inserts, deletes, old
+    rows); the key's bytes are taken from the row's (same unions, same converters).
+    """
+
+    def fallback(values: Sequence[Any], lsn: int | None) -> None:
+        reference_row(values, lsn)
+        reference_key(values, lsn)
+
+    named: dict[str, ValueWriter] = {}
+    cols = [(i, name, mapping) for i, (name, mapping) in enumerate(columns)]
+    encoder: RowKeyEncoder = _compile(
+        "encode_row_key", table, cols, named, toast, len(cols), False, fallback, key_positions
     )
     return encoder
 

@@ -242,6 +242,17 @@ def test_mixed_nulls_and_toast_list_columns_in_order() -> None:
     assert_same_bytes(codec, (None, Value(b"", False), None))
 
 
+def test_composite_key_of_several_columns_in_one_pass() -> None:
+    codec = codec_for(
+        ("a", TEXT, -1, True), ("x", INT4, -1, False), ("b", TEXT_ARRAY, -1, True),
+        ("c", INT8, -1, True),
+    )  # fmt: skip
+    assert_same_bytes(codec, (Value(b"k", False), None, Value(b"{q,NULL}", False), None))
+    assert_same_bytes(codec, (Value("é".encode(), True), Value(struct.pack("!i", 3), True),
+                              Value(array_send(TEXT, [(1, 1)], [b"z"]), True),
+                              Value(struct.pack("!q", 2**40), True)))  # fmt: skip
+
+
 def test_key_with_array_column_uses_the_key_records_names() -> None:
     codec = codec_for(("tags", TEXT_ARRAY, -1, True), ("v", INT4, -1, False))
     assert codec.key_schema is not None and codec.convert_key is not None
@@ -261,6 +272,10 @@ def test_errors_are_the_reference_conversion_errors() -> None:
     assert codec.encode_key is not None
     with pytest.raises(ConversionError, match="unchanged TOAST"):
         codec.encode_key((UNCHANGED_TOAST, None, None), 5)
+    with pytest.raises(ConversionError, match="unchanged TOAST"):
+        codec.encode_row_key((UNCHANGED_TOAST, None, None), 5)  # the row alone is fine
+    with pytest.raises(ConversionError, match=r"public\.t\.name"):
+        codec.encode_row_key((ID, Value(b"\xff", False), None), 5)
     with pytest.raises(ConversionError, match=r"public\.t\.id"):
         codec.encode_key((Value(b"x", False), None, None), 5)
 
