@@ -52,6 +52,9 @@ def int_text_elements(items: list[bytes | None]) -> list[bytes]:
 def array_text_writer(
     delimiter: bytes, elements: Callable[[list[bytes | None]], list[bytes]], slow: Writer
 ) -> Writer:
+    text_items = elements is text_elements
+    heads = _ELEMENT_HEADS
+
     def write(data: bytes) -> bytes:
         if data[:1] != b"{":
             return slow(data)  # bounds decoration, e.g. '[0:2]={1,2,3}'
@@ -59,6 +62,21 @@ def array_text_writer(
             return _EMPTY_RECORD
         raw: list[bytes | None]
         if b'"' not in data and b"\\" not in data and data.count(b"{") == 1:
+            if text_items:
+                # The common case in one pass. The items are the text between ASCII
+                # delimiters, so the whole text is valid UTF-8 exactly when every item is.
+                if not data.isascii():
+                    data.decode()
+                parts = [
+                    b"\x00"
+                    if item == b"NULL"
+                    else (heads[len(item)] if len(item) < 8192 else b"\x02" + long_bytes(len(item)))
+                    + item
+                    for item in data[1:-1].split(delimiter)
+                ]
+                n = len(parts)
+                count = SMALL_LONGS[n] if n < 8192 else long_bytes(n)
+                return b"".join((b"\x02\x02", count, b"\x00", _ONE_BOUND, count, *parts, b"\x00"))
             raw = [None if item == b"NULL" else item for item in data[1:-1].split(delimiter)]
         elif data[1:2] != b"{":  # one dimension with quoted items
             raw = split_flat(data[1:-1], delimiter)
