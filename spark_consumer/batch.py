@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 
 from pyspark import StorageLevel
@@ -123,7 +123,7 @@ class BatchProcessor:
             for df in persisted:
                 df.unpersist()
         self._last = after
-        report = BatchReport(**{**report.__dict__, "seconds": time.perf_counter() - started})
+        report = replace(report, seconds=time.perf_counter() - started)
         log.info(
             "batch %d: applied %d transaction(s) up to commit_lsn %d (%s); pending %d "
             "transaction(s), %d record(s), oldest %s; quarantined %d; %.1fs",
