@@ -16,6 +16,10 @@ Avro writer built here from the field's schema (``value_writer``). The output mu
 byte for byte, fastavro's ``schemaless_writer`` on the converted row: unit tests check that
 for every mapped type and edge value, in text and binary mode.
 
+Each converted column also remembers its last wire value and Avro bytes (a one-entry cache:
+rows of a transaction often repeat now(), a status or a day). The key record's body is taken
+from the row's bytes of the key columns (``compile_row_key_encoder``): same unions, same bytes.
+
 A value that fails here is re-converted by the reference converter, which raises the usual
 ``ConversionError`` naming table, column, type and value.
 """
