@@ -237,19 +237,18 @@ class BatchProcessor:
         for info in infos:
             frames: list[DataFrame] = []
             columns: list[str] = []
+            key = self._key(info, self.config.table_path(info.schema, info.table))
             for vid in info.value_ids:
                 fields = E.row_fields(self.schemas.parsed(vid))
                 frames.append(table_events(
                     self._decode(raw.filter((F.col("topic") == info.topic)
                                             & (F.col("_vid") == vid)), self.schemas.text(vid)),
-                    fields, self.conversions))
+                    fields, self.conversions, key or ()))
                 columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
             df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
             df = df.persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(df)
-            out[info.topic] = _Table(info, df, tuple(columns),
-                                     self._key(info, self.config.table_path(info.schema,
-                                                                            info.table)))
+            out[info.topic] = _Table(info, df, tuple(columns), key)
         return out
 
     def _decode_markers(self, raw: DataFrame, marker_ids: list[int],

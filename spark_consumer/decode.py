@@ -14,6 +14,7 @@ from pyspark.sql.avro.functions import from_avro
 from spark_consumer import envelope as E
 from spark_consumer.conversions import FieldConversions
 from spark_consumer.framing import body_col
+from spark_consumer.key_moves import MOVED_FROM_PREFIX
 
 ENV = "_env"
 
@@ -34,13 +35,17 @@ def _coords() -> list[Column]:
 
 
 def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
-                 conversions: FieldConversions) -> DataFrame:
+                 conversions: FieldConversions, key: tuple[str, ...] = ()) -> DataFrame:
     """Flatten decoded envelopes: meta columns + one column per source column.
 
     The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
-    REPLICA IDENTITY FULL); t carries no row.
+    REPLICA IDENTITY FULL); t carries no row. A create that follows a key change also names
+    the replaced row's key in `before`: it becomes the `_from_<key>` columns (key_moves.py).
     """
     env = F.col(ENV)
+    moved_from = F.when(env["op"] == "c", env["before"])
+    from_cols = [conversions.apply(moved_from[f.name], f)[0].alias(MOVED_FROM_PREFIX + f.name)
+                 for f in fields if f.name in key]
     row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
     toast = F.coalesce(env["unchanged_toast"], F.array().cast("array<string>"))
     # A companion column (conversions.py) is unchanged whenever its source column is.
@@ -60,6 +65,7 @@ def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
         toast.alias(E.TOAST),
         env.isNotNull().alias(E.OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
+        *from_cols,
     )
 
 

@@ -5,7 +5,8 @@
 - t deletes every target row older than the truncate (by the dedup key), so a replay of the
   truncate cannot remove rows written after it.
 - Columns in `unchanged_toast` keep the value of the latest earlier change in the batch that
-  carried one, else the target's value; an update that would have to invent one is an error.
+  carried one, else the target's value; a key change's create takes them from the replaced
+  row (key_moves.py); an update that would have to invent one is an error.
 - Matched rows change only if the source's (commit_lsn, total_order) is greater: replay is a
   no-op. Tables without a key are append-only, deduplicated on (commit_lsn, total_order).
 - The ON condition also bounds the first key column to the batch's key range (from the batch
@@ -25,6 +26,7 @@ from pyspark.sql.types import DataType, LongType, StringType, StructField, Struc
 
 from spark_consumer import envelope as E
 from spark_consumer.errors import ApplyError
+from spark_consumer.key_moves import resolve_moved_toast
 
 KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
 
@@ -162,6 +164,10 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
         changes = changes.filter(_after(point))
     changes = changes.filter(F.col(E.OP).isin("c", "r", "u", "d"))
     toast_cols = _toast_columns(tc)
+    if toast_cols:
+        # Before the MERGE deletes the old keys: a key change's create takes its unchanged
+        # TOAST values from the row it replaces.
+        changes = resolve_moved_toast(changes, table.toDF(), tc.key, toast_cols)
     source = collapse(changes, tc.key, tc.columns, toast_cols)
     if toast_cols:
         _check_toast_targets(table, source, tc, toast_cols)
