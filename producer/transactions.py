@@ -14,7 +14,7 @@ from producer.pgoutput import pg_timestamp_to_unix_micros
 
 
 def transaction_id(xid: int, commit_lsn: int) -> str:
-    """``"<xid>:<commit_lsn>"``, both decimal (docs/CONTRACT_NOTES.md)."""
+    """``"<xid>:<commit_lsn>"``, both decimal (README, "Event format")."""
     return f"{xid}:{commit_lsn}"
 
 
@@ -33,7 +33,7 @@ class Transaction:
     """One committed transaction as it is decoded; counts what was published.
 
     ``data_collection``: ``"<schema>.<table>"`` for table events, the message topic for
-    logical messages (CONTRACT_NOTES). Counts are 1-based positions.
+    logical messages (README, "Event format"). Counts are 1-based positions.
     """
 
     __slots__ = ("collections", "commit_lsn", "commit_ts_ms", "encoded", "event_count", "id", "xid")

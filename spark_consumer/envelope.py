@@ -1,4 +1,4 @@
-"""What the consumer needs to know about writer schemas (CONTRACT_NOTES.md): pure functions."""
+"""What the consumer needs to know about writer schemas (README, "Event format"): pure functions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Write producer-shaped events exactly per docs/CONTRACT_NOTES.md, independent of the producer.
+"""Write producer-shaped events exactly per the README's "Event format", independent of the producer.
 
 Schemas are built here from the contract text (not from `schemas/`), so the consumer's side of the
 contract is pinned by tests even if the producer drifts. Values are framed by confluent-kafka's
@@ -91,7 +91,7 @@ TRANSACTION_METADATA: dict[str, Any] = {
 
 
 def avro_namespace(topic: str) -> str:
-    """Topic -> Avro namespace as CONTRACT_NOTES says: sanitize each dot-separated part."""
+    """Topic -> Avro namespace as the event format says: sanitize each dot-separated part."""
     parts = []
     for part in topic.split("."):
         clean = re.sub(r"[^A-Za-z0-9_]", "_", part)
