@@ -39,7 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline = Pipeline(config)
     restore = install_signal_handlers(pipeline)
     try:
-        pipeline.setup()
+        try:
+            pipeline.setup()
+        except ShutdownRequested:
+            return 0  # stopped before streaming: nothing was produced, nothing to confirm
         with contextlib.suppress(ShutdownRequested):
             pipeline.run()
         pipeline.drain()

@@ -32,6 +32,7 @@ FOREIGN_ENV: Final = frozenset(
         "WALBRIDGE_MAX_PENDING_RECORDS", "WALBRIDGE_MAX_PENDING_AGE_S",
         "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER", "WALBRIDGE_SPARK_MASTER",
         "WALBRIDGE_SPARK_DRIVER_MEMORY", "WALBRIDGE_SPARK_CONNECTOR_VERSION",
+        "WALBRIDGE_MERGE_THREADS",
     }
 )  # fmt: skip
 
@@ -121,6 +122,7 @@ RESERVED_KAFKA_KEYS: Final = frozenset(
         "enable.idempotence", "acks", "request.required.acks", "partitioner",
         "max.in.flight.requests.per.connection", "max.in.flight", "retries",
         "message.send.max.retries", "bootstrap.servers", "on_delivery", "error_cb",
+        "enable.gapless.guarantee",
     }
 )  # fmt: skip
 
@@ -202,7 +204,8 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
     except SystemExit as exc:  # argparse already printed the reason (or the --help text)
         if exc.code == 0:
             raise
-        raise ConfigError(f"invalid command line: {' '.join(argv)}") from exc
+        # argparse printed the reason; echoing argv could print a DSN or a SASL password.
+        raise ConfigError("invalid command line (see above)") from exc
     values: dict[str, Any] = {}
     for name in _FIELDS:
         raw_env = env.get(env_name(name))
@@ -214,7 +217,8 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
                 raise ConfigError(f"{env_name(name)}: {exc}") from exc
         from_flag = flags[name]
         if from_flag is not None and from_env is not None and from_flag != from_env:
-            shown = "***" if name == "pg_dsn" else f"{from_env!r} vs {from_flag!r}"
+            secret = name in ("pg_dsn", "kafka_config")  # may hold passwords
+            shown = "***" if secret else f"{from_env!r} vs {from_flag!r}"
             raise ConfigError(f"--{_flag(name)} and {env_name(name)} disagree ({shown}); set one")
         value = from_flag if from_flag is not None else from_env
         if value is not None:

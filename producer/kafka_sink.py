@@ -30,6 +30,9 @@ def producer_settings(config: ProducerConfig) -> dict[str, Any]:
         **config.librdkafka_extra(),
         "bootstrap.servers": config.kafka_bootstrap,
         "enable.idempotence": True,  # implies max.in.flight <= 5 and retries that keep order
+        # A failed batch would leave a gap after which later records still land: make it fatal
+        # instead, so the producer stops and a restart resends in order.
+        "enable.gapless.guarantee": True,
         "acks": "all",
         "partitioner": "murmur2_random",  # same partition as the Java clients for a key
         "compression.type": config.compression,

@@ -21,10 +21,12 @@ from importlib import metadata
 from types import FrameType
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from producer.config import ProducerConfig
 from producer.delivery import DeliveryTracker, Ticket
 from producer.envelope_writer import TableEnvelopeWriter
-from producer.errors import StreamStateError
+from producer.errors import DeliveryError, StreamStateError
 from producer.events import (
     Row,
     RowChange,
@@ -133,7 +135,13 @@ class Pipeline:
     def setup(self) -> None:
         cfg = self.config
         self.registry = SchemaRegistry(
-            RegistryConfig(url=cfg.schema_registry_url, max_attempts=cfg.registry_max_attempts),
+            # Subject levels belong to the operator (and the registry's global default): setting
+            # them here on every start would undo the override that resolves a refused change.
+            RegistryConfig(
+                url=cfg.schema_registry_url,
+                max_attempts=cfg.registry_max_attempts,
+                manage_compatibility=False,
+            ),
             on_call=lambda op, _subject: self.metrics.registry_calls.labels(op).inc(),
             on_retry=self._on_registry_retry,
         )
@@ -465,6 +473,8 @@ class Pipeline:
         except BufferError:
             assert self.sink is not None and self._callback is not None
             self.sink.wait_for_room(route.topic, key, value, self._callback, self._keep_alive)
+        except KafkaException as exc:  # refused at once, e.g. a record over message.max.bytes
+            raise DeliveryError(route.topic, route.table, tx.commit_lsn, str(exc)) from exc
         counts = route.counts
         counts[0] += 1
         counts[1] += size
@@ -511,6 +521,9 @@ class Pipeline:
         except BufferError:
             assert self.sink is not None and self._callback is not None
             self.sink.wait_for_room(topic, key, value, self._callback, self._keep_alive)
+        except KafkaException as exc:  # refused at once, e.g. a record over message.max.bytes
+            commit_lsn = self._tx.commit_lsn if self._tx is not None else None
+            raise DeliveryError(topic, topic, commit_lsn, str(exc)) from exc
         counts[0] += 1
         counts[1] += len(value) + (len(key) if key else 0)
         self._since_poll += 1

@@ -182,7 +182,10 @@ class ReplicationClient:
         self._require_stream().confirm(lsn)
 
     def send_status(self) -> None:
-        self._require_stream().send_status()
+        """Send a status update now; nothing to do before ``stream()`` (no walsender session
+        yet, e.g. while the producer retries the registry during start-up)."""
+        if self._stream is not None:
+            self._stream.send_status()
 
     @property
     def confirmed_lsn(self) -> int:

@@ -12,9 +12,7 @@ _SECRET_KEYS = frozenset({"password", "sslpassword"})
 # Output settings that pgoutput's text values depend on (they are produced by the walsender's own
 # output functions): the value converters in schemas/ parse exactly these formats, and text and
 # binary mode must agree (timestamptz text in UTC). Appended after the caller's options so they win.
-WALSENDER_OUTPUT_OPTIONS = (
-    "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=3"
-)
+WALSENDER_OUTPUT_OPTIONS = "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=3"
 
 
 def _parse(dsn: str) -> dict[str, str]:

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 
 from spark_consumer import verify
@@ -51,11 +50,7 @@ class Pipeline:
         self.prefix = self.source.prefix
         self.lake = str(tmp / "lake")
         self.checkpoint = str(tmp / "checkpoint")
-        # The transaction topic must have one partition (reassembly relies on marker order);
-        # created here until the producer creates it that way itself. Data topics: 3.
-        admin = AdminClient({"bootstrap.servers": kafka})
-        for f in admin.create_topics([NewTopic(f"{self.prefix}.transaction", 1, 1)]).values():
-            f.result(30)
+        # Data topics get 3 partitions; the producer creates the transaction topic with one.
         self.producer = ProducerProcess(self.source, kafka, registry, topic_partitions=3)
 
     def start_producer(self) -> None:

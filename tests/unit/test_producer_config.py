@@ -72,6 +72,20 @@ def test_dsn_conflict_does_not_print_the_password() -> None:
     assert "secret" not in str(info.value) and "other" not in str(info.value)
 
 
+def test_errors_never_echo_secrets_from_the_command_line() -> None:
+    with pytest.raises(ConfigError) as bad_flag:
+        load_config(["--pg-dsn", "postgresql://u:hunter2@h/db", "--bogus"], BASE)
+    assert "hunter2" not in str(bad_flag.value)
+    env = BASE | {"WALBRIDGE_KAFKA_CONFIG": "sasl.password=env-secret"}
+    with pytest.raises(ConfigError) as conflict:
+        load_config(["--kafka-config", "sasl.password=flag-secret"], env)
+    assert "secret" not in str(conflict.value) and "disagree" in str(conflict.value)
+
+
+def test_consumer_variables_are_not_typos() -> None:
+    assert load_config([], BASE | {"WALBRIDGE_MERGE_THREADS": "2"}).slot
+
+
 def test_kafka_config_parsing() -> None:
     assert parse_kafka_config("security.protocol=SSL, ssl.ca.location=/ca.pem") == {
         "security.protocol": "SSL",
