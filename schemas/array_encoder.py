@@ -11,18 +11,14 @@ Unit tests compare both with fastavro on the converted dict.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Final
 
 from schemas.avro_binary import SMALL_LONGS, long_bytes
-from schemas.pg_containers import split_flat
+from schemas.pg_containers import split_array_send, split_flat
 
 Writer = Callable[[bytes], bytes]
 
-_III: Final = struct.Struct("!iii")
-_II: Final = struct.Struct("!ii")
-_I32: Final = struct.Struct("!i")
 _ELEMENT_HEADS: Final = tuple(b"\x02" + long_bytes(n) for n in range(8192))  # branch 1 + length
 _EMPTY_RECORD: Final = b"\x02\x00\x00\x00"  # branch 1, then three empty arrays
 _ONE_BOUND: Final = b"\x02\x02\x00"  # lower_bounds = [1]
@@ -98,32 +94,10 @@ def _int_array(values: list[int]) -> bytes:
 def array_binary_writer(
     elements: Callable[[list[bytes | None]], list[bytes]],
 ) -> Writer:
-    """array_send format: ndim, has-null flag, element oid, (size, lower bound) per dimension,
-    then (length or -1, bytes) per element in row-major order."""
+    """array_send bytes (split as ``pg_containers.array_binary`` does) -> Avro bytes."""
 
     def write(data: bytes) -> bytes:
-        ndim, _flags, _elem_oid = _III.unpack_from(data, 0)
-        pos = 12
-        dims: list[int] = []
-        lower: list[int] = []
-        for _ in range(ndim):
-            size, lbound = _II.unpack_from(data, pos)
-            dims.append(size)
-            lower.append(lbound)
-            pos += 8
-        total = 1
-        for size in dims:
-            total *= size
-        raw: list[bytes | None] = []
-        append = raw.append
-        for _ in range(total if ndim else 0):
-            (length,) = _I32.unpack_from(data, pos)
-            pos += 4
-            if length < 0:
-                append(None)
-            else:
-                append(data[pos : pos + length])
-                pos += length
+        dims, lower, raw = split_array_send(data)
         parts = [b"\x02", _int_array(dims), _int_array(lower)]
         if raw:
             parts.append(long_bytes(len(raw)))

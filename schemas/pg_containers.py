@@ -127,32 +127,40 @@ def _split_nested(data: bytes, delim: bytes) -> tuple[list[bytes | None], list[i
     return elements, [dims[d] for d in range(1, len(dims) + 1)]
 
 
+def split_array_send(data: bytes) -> tuple[list[int], list[int], list[bytes | None]]:
+    """array_send format: ndim, has-null flag, element oid, (size, lower bound) per dim, then
+    (length or -1, bytes) per element in row-major order -> (dims, lower bounds, raw items)."""
+    ndim, _flags, _elem_oid = _III.unpack_from(data, 0)
+    pos = 12
+    dims: list[int] = []
+    lower: list[int] = []
+    for _ in range(ndim):
+        size, lbound = _II.unpack_from(data, pos)
+        dims.append(size)
+        lower.append(lbound)
+        pos += 8
+    total = 1
+    for size in dims:
+        total *= size
+    items: list[bytes | None] = []
+    append = items.append
+    for _ in range(total if ndim else 0):
+        (length,) = _I32.unpack_from(data, pos)
+        pos += 4
+        if length < 0:
+            append(None)
+        else:
+            append(data[pos : pos + length])
+            pos += length
+    return dims, lower, items
+
+
 def array_binary(convert: Convert) -> Convert:
-    """array_send format: ndim, has-null flag, element oid, (size, lower bound) per dim, items."""
+    """array_send bytes -> the array record, each element through ``convert``."""
 
     def parse(data: bytes) -> dict[str, Any]:
-        ndim, _flags, _elem_oid = _III.unpack_from(data, 0)
-        pos = 12
-        dims: list[int] = []
-        lower: list[int] = []
-        for _ in range(ndim):
-            size, lbound = _II.unpack_from(data, pos)
-            dims.append(size)
-            lower.append(lbound)
-            pos += 8
-        total = 1
-        for size in dims:
-            total *= size
-        elements: list[Any] = []
-        append = elements.append
-        for _ in range(total if ndim else 0):
-            (length,) = _I32.unpack_from(data, pos)
-            pos += 4
-            if length < 0:
-                append(None)
-            else:
-                append(convert(data[pos : pos + length]))
-                pos += length
+        dims, lower, items = split_array_send(data)
+        elements = [None if item is None else convert(item) for item in items]
         return _array_record(dims, lower, elements)
 
     return parse
