@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_replication import generate, pg_dsn, time_recvlogical
+from bench_replication import create_workload, generate, pg_dsn, time_recvlogical
 
 from producer.pgoutput import format_lsn, parse_lsn
 
@@ -137,28 +137,10 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     schema, publication = f"bench_{tag}", f"bench_pub_{tag}"
     slots = [f"bench_{tag}_recv", f"bench_{tag}_producer"]
-    table = sql.Identifier(schema, "rows")
     inserts = args.changes // 2
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
-            db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-            db.execute(
-                sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(
-                    sql.Identifier(schema, "mood")
-                )
-            )
-            db.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
-                    " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
-                ).format(table, sql.Identifier(schema, "mood"))
-            )
-            db.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                    sql.Identifier(publication), table
-                )
-            )
-            db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slots[0],))
+            create_workload(db, schema, publication, slots[0])
             began = time.perf_counter()
             generate(db, schema, inserts, args.tx_size)
             update(db, schema, args.changes - inserts, args.tx_size)

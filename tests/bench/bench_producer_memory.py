@@ -25,7 +25,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_producer import run_producer, stack_env
-from bench_replication import generate
+from bench_replication import create_workload, generate
 
 from producer.pgoutput import parse_lsn
 
@@ -36,22 +36,7 @@ def one_run(env: dict[str, str], rows: int) -> tuple[float, float, int]:
     schema, publication, slot = f"benchm_{tag}", f"benchm_pub_{tag}", f"benchm_{tag}"
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
-            db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-            mood = sql.Identifier(schema, "mood")
-            db.execute(sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(mood))
-            table = sql.Identifier(schema, "rows")
-            db.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
-                    " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
-                ).format(table, mood)
-            )
-            db.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                    sql.Identifier(publication), table
-                )
-            )
-            db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            create_workload(db, schema, publication, slot)
             began = time.perf_counter()
             generate(db, schema, rows, rows)  # a single transaction
             print(

@@ -115,6 +115,25 @@ def recvlogical_binary() -> str:
     return found
 
 
+def create_workload(db: psycopg.Connection, schema: str, publication: str, slot: str) -> None:
+    """The 8-column table ``<schema>.rows`` (DESIGN.md's measurement), published by
+    ``publication``, and a pgoutput ``slot`` created before any data."""
+    table = sql.Identifier(schema, "rows")
+    mood = sql.Identifier(schema, "mood")
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    db.execute(sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(mood))
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
+            " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
+        ).format(table, mood)
+    )
+    db.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(publication), table)
+    )
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
 def generate(db: psycopg.Connection, schema: str, changes: int, tx_size: int) -> None:
     """``changes`` inserts, ``tx_size`` per transaction (one autocommit statement each)."""
     statement = sql.SQL(
@@ -194,28 +213,10 @@ def main() -> None:
     dsn = pg_dsn()
     tag = uuid.uuid4().hex[:8]
     schema, publication, base_slot = f"bench_{tag}", f"bench_pub_{tag}", f"bench_{tag}"
-    table = sql.Identifier(schema, "rows")
     slots = [f"{base_slot}_{i}" for i in range(2 * args.rounds)]
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
-            db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-            db.execute(
-                sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(
-                    sql.Identifier(schema, "mood")
-                )
-            )
-            db.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
-                    " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
-                ).format(table, sql.Identifier(schema, "mood"))
-            )
-            db.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                    sql.Identifier(publication), table
-                )
-            )
-            db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slots[0],))
+            create_workload(db, schema, publication, slots[0])
             began = time.perf_counter()
             generate(db, schema, args.changes, args.tx_size)
             generated = time.perf_counter() - began
