@@ -45,7 +45,10 @@ def one_run(env: dict[str, str], rows: int) -> tuple[float, float, int]:
             row = db.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
             assert row is not None
             end_lsn = parse_lsn(row[0])
-            return run_producer(env, slot, publication, f"benchm{tag}", end_lsn, None)
+            seconds, _, cpu, _main_thread_cpu, rss = run_producer(
+                env, slot, publication, f"benchm{tag}", end_lsn, None
+            )
+            return seconds, cpu, rss
         finally:
             db.execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
