@@ -1,12 +1,18 @@
-"""Consumer configuration: flags with WALBRIDGE_* environment defaults, checked at start-up."""
+"""Consumer configuration: flags or their WALBRIDGE_* variables, checked at start-up.
+
+Fails fast, like the producer's: an unknown WALBRIDGE_* variable, a flag and a variable that
+disagree, and settings that contradict each other are errors before Spark starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from enum import Enum
+from typing import Any, Final
 
 from spark_consumer.errors import ConfigError
 
@@ -61,98 +67,176 @@ class VerifyConfig:
     tables: tuple[str, ...]  # empty = every table of the publication
 
 
-def _env_default(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    return value if value else None
+# Every setting of `run` and `verify`: flag destination -> its WALBRIDGE_* variable.
+RUN_ENV: Final = {
+    "kafka_bootstrap": "WALBRIDGE_KAFKA_BOOTSTRAP",
+    "schema_registry_url": "WALBRIDGE_SCHEMA_REGISTRY_URL",
+    "topic_prefix": "WALBRIDGE_TOPIC_PREFIX",
+    "lake_path": "WALBRIDGE_LAKE_PATH",
+    "checkpoint_path": "WALBRIDGE_CHECKPOINT_PATH",
+    "trigger": "WALBRIDGE_TRIGGER",
+    "available_now": "WALBRIDGE_AVAILABLE_NOW",
+    "quarantine_path": "WALBRIDGE_QUARANTINE_PATH",
+    "max_pending_age_s": "WALBRIDGE_MAX_PENDING_AGE_S",
+    "max_pending_records": "WALBRIDGE_MAX_PENDING_RECORDS",
+    "max_offsets_per_trigger": "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER",
+    "decoder": "WALBRIDGE_DECODER",
+    "merge_threads": "WALBRIDGE_MERGE_THREADS",
+}
+VERIFY_ENV: Final = {
+    "pg_dsn": "WALBRIDGE_PG_DSN",
+    "lake_path": "WALBRIDGE_LAKE_PATH",
+    "publication": "WALBRIDGE_PUBLICATION",
+    "tables": "WALBRIDGE_TABLES",
+}
+# Read where they are used (session.py, __main__.py), not by the parsers.
+OTHER_ENV: Final = frozenset({
+    "WALBRIDGE_SPARK_MASTER", "WALBRIDGE_SPARK_DRIVER_MEMORY",
+    "WALBRIDGE_SPARK_CONNECTOR_VERSION", "WALBRIDGE_LOG_LEVEL",
+})
 
 
-def run_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="walbridge-consumer run", allow_abbrev=False)
-    e = lambda name: _env_default(env, name)  # noqa: E731
-    p.add_argument("--kafka-bootstrap", default=e("WALBRIDGE_KAFKA_BOOTSTRAP"))
-    p.add_argument("--schema-registry-url", default=e("WALBRIDGE_SCHEMA_REGISTRY_URL"))
-    p.add_argument("--topic-prefix", default=e("WALBRIDGE_TOPIC_PREFIX"))
-    p.add_argument("--lake-path", default=e("WALBRIDGE_LAKE_PATH"))
-    p.add_argument("--checkpoint-path", default=e("WALBRIDGE_CHECKPOINT_PATH"),
-                   help="default: <lake>/_walbridge/checkpoint")
-    p.add_argument("--trigger", default=e("WALBRIDGE_TRIGGER"),
+def known_env() -> frozenset[str]:
+    """WALBRIDGE_* names this shell may carry: the consumer's own, and the producer's and the
+    local stack's (`eval "$(deploy/local/stack env)"` sets one environment for all tools)."""
+    from producer.config import FOREIGN_ENV, ProducerConfig, env_name
+
+    producer = {env_name(f.name) for f in fields(ProducerConfig)}
+    return (frozenset(RUN_ENV.values()) | frozenset(VERIFY_ENV.values()) | OTHER_ENV
+            | FOREIGN_ENV | producer)
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    known = known_env()
+    unknown = sorted(k for k in env if k.startswith("WALBRIDGE_") and k not in known)
+    if unknown:
+        raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """Flags default to None, so `_merged` can tell a flag from its variable."""
+    p = argparse.ArgumentParser(prog="walbridge-consumer run", allow_abbrev=False,
+                                description="Every flag --x-y can also be set as WALBRIDGE_X_Y.")
+    p.add_argument("--kafka-bootstrap")
+    p.add_argument("--schema-registry-url")
+    p.add_argument("--topic-prefix")
+    p.add_argument("--lake-path")
+    p.add_argument("--checkpoint-path", help="default: <lake>/_walbridge/checkpoint")
+    p.add_argument("--trigger",
                    help=f"processing-time interval, e.g. '10 seconds' (default {DEFAULT_TRIGGER!r})")
-    p.add_argument("--available-now", action="store_true",
-                   default=_flag(env, "WALBRIDGE_AVAILABLE_NOW"))
-    p.add_argument("--quarantine-path", default=e("WALBRIDGE_QUARANTINE_PATH"))
-    p.add_argument("--max-pending-age-s", type=float,
-                   default=float(e("WALBRIDGE_MAX_PENDING_AGE_S") or 900.0))
-    p.add_argument("--max-pending-records", type=int,
-                   default=int(e("WALBRIDGE_MAX_PENDING_RECORDS") or 5_000_000))
-    p.add_argument("--max-offsets-per-trigger", type=int,
-                   default=_int_or_none(e("WALBRIDGE_MAX_OFFSETS_PER_TRIGGER")))
+    p.add_argument("--available-now", action="store_const", const=True)
+    p.add_argument("--quarantine-path")
+    p.add_argument("--max-pending-age-s", type=float, help="default 900")
+    p.add_argument("--max-pending-records", type=int, help="default 5000000")
+    p.add_argument("--max-offsets-per-trigger", type=int)
     p.add_argument("--decoder", choices=[d.value for d in Decoder],
-                   default=e("WALBRIDGE_DECODER") or Decoder.FROM_AVRO.value)
+                   help=f"default {Decoder.FROM_AVRO.value}")
     p.add_argument("--merge-threads", type=int,
-                   default=int(e("WALBRIDGE_MERGE_THREADS") or 4),
                    help="tables merged concurrently within a batch (default 4)")
     return p
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in ("", "0", "false", "no"):
+_PARSE_ENV: Final[dict[str, Callable[[str], Any]]] = {
+    "available_now": lambda raw: _flag(raw),
+    "max_pending_age_s": float,
+    "max_pending_records": int,
+    "max_offsets_per_trigger": int,
+    "merge_threads": int,
+}
+
+_SECRET: Final = frozenset({"pg_dsn"})  # may hold a password: never echoed
+
+
+def _merged(ns: argparse.Namespace, env: Mapping[str, str], names: Mapping[str, str]
+            ) -> dict[str, Any]:
+    """Flag, else variable, per setting; a flag and a variable that disagree are an error
+    (which one was meant is a guess this tool does not make)."""
+    out: dict[str, Any] = {}
+    for dest, var in names.items():
+        flag = getattr(ns, dest)
+        raw = env.get(var, "")
+        from_env: Any = None
+        if raw != "":
+            try:
+                from_env = _PARSE_ENV.get(dest, str)(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{var}={raw!r}: {exc}") from exc
+        if flag is not None and from_env is not None and flag != from_env:
+            shown = "***" if dest in _SECRET else f"{flag!r} vs {from_env!r}"
+            raise ConfigError(f"--{dest.replace('_', '-')} and {var} disagree ({shown}); set one")
+        out[dest] = flag if flag is not None else from_env
+    return out
+
+
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("0", "false", "no"):
         return False
-    if raw in ("1", "true", "yes"):
+    if value in ("1", "true", "yes"):
         return True
-    raise ConfigError(f"{name}={env[name]!r} is not a boolean (use true/false)")
+    raise ValueError("not a boolean (use true/false)")
 
 
-def _int_or_none(raw: str | None) -> int | None:
-    return int(raw) if raw else None
+def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    try:
+        return parser.parse_args(list(argv))
+    except SystemExit as exc:
+        if exc.code == 0:  # --help
+            raise
+        # argparse printed the reason; echoing argv could print a DSN with its password.
+        raise ConfigError("invalid command line (see above)") from exc
 
 
 def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
-    try:
-        ns = run_parser(env).parse_args(list(argv))
-    except ValueError as exc:  # a malformed numeric env default
-        raise ConfigError(str(exc)) from exc
+    _check_env_names(env)
+    v = _merged(_parse_args(run_parser(), argv), env, RUN_ENV)
     missing = [
-        flag for flag, value in (
-            ("--kafka-bootstrap / WALBRIDGE_KAFKA_BOOTSTRAP", ns.kafka_bootstrap),
-            ("--schema-registry-url / WALBRIDGE_SCHEMA_REGISTRY_URL", ns.schema_registry_url),
-            ("--topic-prefix / WALBRIDGE_TOPIC_PREFIX", ns.topic_prefix),
-            ("--lake-path / WALBRIDGE_LAKE_PATH", ns.lake_path),
-        ) if not value
+        f"--{dest.replace('_', '-')} / {RUN_ENV[dest]}"
+        for dest in ("kafka_bootstrap", "schema_registry_url", "topic_prefix", "lake_path")
+        if not v[dest]
     ]
     if missing:
         raise ConfigError("missing required setting(s): " + ", ".join(missing))
-    if ns.available_now and ns.trigger:
+    available_now = bool(v["available_now"])
+    if available_now and v["trigger"]:
         raise ConfigError(
-            f"--available-now conflicts with trigger {ns.trigger!r} (flag or WALBRIDGE_TRIGGER)"
+            f"--available-now conflicts with trigger {v['trigger']!r} (flag or WALBRIDGE_TRIGGER)"
         )
-    trigger = None if ns.available_now else (ns.trigger or DEFAULT_TRIGGER)
+    trigger = None if available_now else (v["trigger"] or DEFAULT_TRIGGER)
     if trigger is not None and not _TRIGGER.match(trigger.strip()):
         raise ConfigError(f"trigger {trigger!r} is not an interval like '10 seconds'")
-    if ns.max_pending_age_s <= 0 or ns.max_pending_records <= 0:
+    max_age = 900.0 if v["max_pending_age_s"] is None else v["max_pending_age_s"]
+    max_records = 5_000_000 if v["max_pending_records"] is None else v["max_pending_records"]
+    merge_threads = 4 if v["merge_threads"] is None else v["merge_threads"]
+    if not (math.isfinite(max_age) and max_age > 0) or max_records <= 0:
         raise ConfigError("--max-pending-age-s and --max-pending-records must be positive")
-    if ns.merge_threads <= 0:
+    if merge_threads <= 0:
         raise ConfigError("--merge-threads must be positive")
-    if ns.max_offsets_per_trigger is not None and ns.max_offsets_per_trigger <= 0:
+    if v["max_offsets_per_trigger"] is not None and v["max_offsets_per_trigger"] <= 0:
         raise ConfigError("--max-offsets-per-trigger must be positive")
-    lake = ns.lake_path.rstrip("/")
-    checkpoint = ns.checkpoint_path or f"{lake}/_walbridge/checkpoint"
-    if ns.quarantine_path and _inside(ns.quarantine_path, checkpoint):
+    try:
+        decoder = Decoder(v["decoder"] or Decoder.FROM_AVRO.value)
+    except ValueError as exc:
+        raise ConfigError(
+            f"decoder {v['decoder']!r} is not one of {[d.value for d in Decoder]}") from exc
+    lake = v["lake_path"].rstrip("/")
+    checkpoint = v["checkpoint_path"] or f"{lake}/_walbridge/checkpoint"
+    if v["quarantine_path"] and _inside(v["quarantine_path"], checkpoint):
         raise ConfigError("the quarantine path must not lie inside the checkpoint directory")
     return ConsumerConfig(
-        kafka_bootstrap=ns.kafka_bootstrap,
-        schema_registry_url=ns.schema_registry_url,
-        topic_prefix=ns.topic_prefix,
+        kafka_bootstrap=v["kafka_bootstrap"],
+        schema_registry_url=v["schema_registry_url"],
+        topic_prefix=v["topic_prefix"],
         lake_path=lake,
         checkpoint_path=checkpoint,
         trigger=trigger.strip() if trigger else None,
-        available_now=ns.available_now,
-        quarantine_path=ns.quarantine_path,
-        max_pending_age_s=ns.max_pending_age_s,
-        max_pending_records=ns.max_pending_records,
-        max_offsets_per_trigger=ns.max_offsets_per_trigger,
-        decoder=Decoder(ns.decoder),
-        merge_threads=ns.merge_threads,
+        available_now=available_now,
+        quarantine_path=v["quarantine_path"],
+        max_pending_age_s=max_age,
+        max_pending_records=max_records,
+        max_offsets_per_trigger=v["max_offsets_per_trigger"],
+        decoder=decoder,
+        merge_threads=merge_threads,
     )
 
 
@@ -160,25 +244,26 @@ def _inside(path: str, parent: str) -> bool:
     return path.rstrip("/") == parent.rstrip("/") or path.startswith(parent.rstrip("/") + "/")
 
 
-def verify_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="walbridge-consumer verify", allow_abbrev=False)
-    p.add_argument("--pg-dsn", default=_env_default(env, "WALBRIDGE_PG_DSN"))
-    p.add_argument("--lake-path", default=_env_default(env, "WALBRIDGE_LAKE_PATH"))
-    p.add_argument("--publication", default=_env_default(env, "WALBRIDGE_PUBLICATION"))
-    p.add_argument("--tables", default=_env_default(env, "WALBRIDGE_TABLES"),
+def verify_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="walbridge-consumer verify", allow_abbrev=False,
+                                description="Every flag --x-y can also be set as WALBRIDGE_X_Y.")
+    p.add_argument("--pg-dsn")
+    p.add_argument("--lake-path")
+    p.add_argument("--publication")
+    p.add_argument("--tables",
                    help="comma-separated schema.table; empty = all tables of the publication")
     return p
 
 
 def parse_verify(argv: Sequence[str], env: Mapping[str, str]) -> VerifyConfig:
-    ns = verify_parser(env).parse_args(list(argv))
-    missing = [n for n, v in (("--pg-dsn / WALBRIDGE_PG_DSN", ns.pg_dsn),
-                              ("--lake-path / WALBRIDGE_LAKE_PATH", ns.lake_path),
-                              ("--publication / WALBRIDGE_PUBLICATION", ns.publication)) if not v]
+    _check_env_names(env)
+    v = _merged(_parse_args(verify_parser(), argv), env, VERIFY_ENV)
+    missing = [f"--{dest.replace('_', '-')} / {VERIFY_ENV[dest]}"
+               for dest in ("pg_dsn", "lake_path", "publication") if not v[dest]]
     if missing:
         raise ConfigError("missing required setting(s): " + ", ".join(missing))
-    tables = tuple(t.strip() for t in (ns.tables or "").split(",") if t.strip())
+    tables = tuple(t.strip() for t in (v["tables"] or "").split(",") if t.strip())
     bad = [t for t in tables if t.count(".") != 1]
     if bad:
         raise ConfigError(f"WALBRIDGE_TABLES entries must be schema.table, got {bad}")
-    return VerifyConfig(ns.pg_dsn, ns.lake_path.rstrip("/"), ns.publication, tables)
+    return VerifyConfig(v["pg_dsn"], v["lake_path"].rstrip("/"), v["publication"], tables)

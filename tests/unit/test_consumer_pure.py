@@ -35,8 +35,9 @@ def test_run_config_from_env_with_defaults() -> None:
     assert cfg.decoder is Decoder.FROM_AVRO
 
 
-def test_flag_overrides_env() -> None:
-    cfg = parse_run(["--topic-prefix", "other", "--trigger", "500 ms"], ENV)
+def test_flags_alone() -> None:
+    env = {k: v for k, v in ENV.items() if k != "WALBRIDGE_TOPIC_PREFIX"}
+    cfg = parse_run(["--topic-prefix", "other", "--trigger", "500 ms"], env)
     assert cfg.topic_prefix == "other" and cfg.trigger == "500 ms"
 
 
@@ -57,7 +58,7 @@ def test_bad_config_fails_fast(argv: list[str], env: dict[str, str], message: st
 
 
 def test_unknown_flag_is_an_error() -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(ConfigError, match="invalid command line"):
         parse_run(["--no-such-flag"], ENV)
 
 

@@ -1,0 +1,82 @@
+"""Consumer configuration fails fast: unknown variables, flag/variable conflicts, no secrets."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.config import FOREIGN_ENV
+from spark_consumer.config import RUN_ENV, VERIFY_ENV, parse_run, parse_verify
+from spark_consumer.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+ENV = {
+    "WALBRIDGE_KAFKA_BOOTSTRAP": "k:9092",
+    "WALBRIDGE_SCHEMA_REGISTRY_URL": "http://r",
+    "WALBRIDGE_TOPIC_PREFIX": "db",
+    "WALBRIDGE_LAKE_PATH": "/lake",
+}
+VERIFY = {"WALBRIDGE_PG_DSN": "dbname=x password=hunter2", "WALBRIDGE_LAKE_PATH": "/l",
+          "WALBRIDGE_PUBLICATION": "p"}
+
+
+def test_unknown_variable_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="WALBRIDGE_TRIGER"):
+        parse_run([], {**ENV, "WALBRIDGE_TRIGER": "5 seconds"})
+    with pytest.raises(ConfigError, match="WALBRIDGE_LAKEPATH"):
+        parse_verify([], {**VERIFY, "WALBRIDGE_LAKEPATH": "/x"})
+
+
+def test_shared_environment_is_accepted() -> None:
+    """One shell runs the stack, the producer and the consumer: their variables are known."""
+    shared = {"WALBRIDGE_HOME": "/h", "WALBRIDGE_PG_PORT": "1", "WALBRIDGE_SLOT": "s",
+              "WALBRIDGE_PG_DSN": "dbname=x", "WALBRIDGE_LINGER_MS": "5",
+              "WALBRIDGE_SPARK_MASTER": "local[2]", "OTHER": "x"}
+    assert parse_run([], {**ENV, **shared}).topic_prefix == "db"
+
+
+def test_producer_knows_every_consumer_variable() -> None:
+    """The producer rejects unknown WALBRIDGE_* names too, so it must list the consumer's."""
+    from dataclasses import fields
+
+    from producer.config import ProducerConfig, env_name
+
+    producer_own = {env_name(f.name) for f in fields(ProducerConfig)}
+    ours = set(RUN_ENV.values()) | set(VERIFY_ENV.values())
+    assert ours - producer_own - FOREIGN_ENV == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--topic-prefix", "other"], ENV, r"--topic-prefix and WALBRIDGE_TOPIC_PREFIX disagree \('other' vs 'db'\)"),
+        (["--available-now"], {**ENV, "WALBRIDGE_AVAILABLE_NOW": "false"}, "disagree"),
+        (["--merge-threads", "2"], {**ENV, "WALBRIDGE_MERGE_THREADS": "3"}, "disagree"),
+        ([], {**ENV, "WALBRIDGE_MERGE_THREADS": "three"}, "WALBRIDGE_MERGE_THREADS='three'"),
+        ([], {**ENV, "WALBRIDGE_MAX_PENDING_AGE_S": "nan"}, "must be positive"),
+        ([], {**ENV, "WALBRIDGE_DECODER": "java"}, "decoder 'java' is not one of"),
+    ],
+)
+def test_conflicts_and_bad_values(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_run(argv, env)
+
+
+def test_same_value_twice_is_fine() -> None:
+    cfg = parse_run(["--topic-prefix", "db", "--merge-threads", "3"],
+                    {**ENV, "WALBRIDGE_MERGE_THREADS": "3"})
+    assert (cfg.topic_prefix, cfg.merge_threads) == ("db", 3)
+
+
+def test_dsn_conflict_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_verify(["--pg-dsn", "dbname=y password=hunter3"], VERIFY)
+    assert "disagree (***)" in str(info.value)
+    assert "hunter" not in str(info.value)
+
+
+def test_bad_command_line_is_not_echoed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_verify(["--pg-dsn=dbname=y password=hunter3", "--nope"], {})
+    assert "hunter" not in str(info.value)
+    assert "hunter" not in capsys.readouterr().err
