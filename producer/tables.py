@@ -19,7 +19,8 @@ from producer.topics import TopicManager, table_topic
 from schemas.catalog import ensure_types
 from schemas.envelope import Schema
 from schemas.registry import SchemaRegistry
-from schemas.relation import UnmappedColumnLog, build_relation_codec
+from schemas.relation import RelationCodec, UnmappedColumnLog, build_relation_codec
+from schemas.row_encoder import WireRowKeyEncoder, wire_encoder
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder, header
 
@@ -44,6 +45,18 @@ class TableRoute:
     source: Row
     writer: TableEnvelopeWriter  # row events; value_encoder serves the rare truncate events
     counts: list[int]  # events, bytes produced since the metrics were last updated
+    # (payload, TupleData offset) -> what shape.codec.encode_row_key gives for the decoded
+    # tuple, + the end offset; None when the table's encoders have no such twin.
+    wire: WireRowKeyEncoder | None = None
+
+
+def wire_row_key_encoder(codec: RelationCodec) -> WireRowKeyEncoder | None:
+    """The TupleData-reading twin of ``codec.encode_row_key``: the compiled row + key encoder's
+    twin, or for a table without a key the row encoder's (its key is None, as
+    ``encode_row_key`` gives)."""
+    if codec.encode_key is None:
+        return wire_encoder(codec.encode_row)
+    return wire_encoder(codec.encode_row_key)
 
 
 class TableRoutes:
@@ -98,6 +111,7 @@ class TableRoutes:
             source=self._source_for(schema, relation.name),
             writer=self._writer_for(codec.envelope_schema, ids.value_id, schema, relation.name),
             counts=[0, 0],
+            wire=wire_row_key_encoder(codec),
         )
         self.routes[relation.relation_id] = route
         return route

@@ -42,6 +42,8 @@ RowEncoder = Callable[..., tuple[bytes, list[str]]]  # (values, lsn=None) -> (bo
 KeyEncoder = Callable[..., bytes]  # (values, lsn=None) -> body
 # (values, lsn=None) -> (row body, unchanged, key body or None)
 RowKeyEncoder = Callable[..., tuple[bytes, list[str], bytes | None]]
+# (pgoutput payload, TupleData offset) -> (row body, unchanged, key body or None, end) or None
+WireRowKeyEncoder = Callable[[bytes, int], tuple[bytes, list[str], bytes | None, int] | None]
 
 
 class UnsupportedSchema(Exception):
@@ -55,6 +57,8 @@ _unpack_i32: Final = struct.Struct("!i").unpack
 _unpack_i64: Final = struct.Struct("!q").unpack
 _unpack_u32: Final = struct.Struct("!I").unpack
 _unpack_f32: Final = struct.Struct("!f").unpack
+_unpack_u16_from: Final = struct.Struct("!H").unpack_from
+_unpack_u32_from: Final = struct.Struct("!I").unpack_from
 
 _NAMED_KINDS: Final = ("record", "enum", "fixed")
 # Logical types whose converters hand over the plain base-type value (int, bytes, str).
@@ -440,20 +444,38 @@ def _compile(
     key: bool,
     fallback: Callable[..., Any],
     fused_key: Sequence[int] = (),
+    wire: bool = False,
 ) -> Callable[..., Any]:
     """Generate and compile one encoder; ``columns`` are (position, column name, mapping)
     in the record's field order. With ``fused_key`` (the key columns' positions) a row
     encoder also returns the key record's body: the key's fields have the same Avro unions
-    as the row's, so their bytes are the row's bytes for those columns."""
+    as the row's, so their bytes are the row's bytes for those columns.
+
+    With ``wire`` the encoder reads the pgoutput TupleData bytes itself (see
+    ``compile_wire_row_key_encoder``): same per-column statements, values sliced from the
+    buffer instead of taken from decoded ``Value`` tuples."""
     src = _Source()
     src.names.update(
         {"_LAST": _LAST, "_MID": _MID, "_TOAST": toast, "_fallback": fallback, "_fail": _fail}
     )
     src.names["_FAILURES"] = CONVERSION_FAILURES
-    src.emit(0, f"def {name}(values, lsn=None):")
-    src.emit(1, f"if len(values) != {width}:")
-    src.emit(2, "_fallback(values, lsn)")
-    src.emit(2, f"_fail({table!r}, values, lsn)")
+    if wire:
+        src.names["_unpack_u16_from"] = _unpack_u16_from
+        src.names["_unpack_u32_from"] = _unpack_u32_from
+        src.emit(0, f"def {name}(buf, pos):")
+        # Anything unexpected (column count, tuple kind, short buffer, a value a fast path
+        # refuses): None, and the caller takes the careful decoder + encoder path, which
+        # raises the precise DecodeError / ConversionError or encodes the row itself.
+        src.emit(1, "try:")
+        src.emit(2, f"if _unpack_u16_from(buf, pos)[0] != {width}: return None")
+        src.emit(1, "except _FAILURES:")
+        src.emit(2, "return None")
+        src.emit(1, "pos += 2")
+    else:
+        src.emit(0, f"def {name}(values, lsn=None):")
+        src.emit(1, f"if len(values) != {width}:")
+        src.emit(2, "_fallback(values, lsn)")
+        src.emit(2, f"_fail({table!r}, values, lsn)")
     src.emit(1, "parts = []")
     src.emit(1, "a = parts.append")
     if not key:
@@ -464,31 +486,63 @@ def _compile(
         write = value_writer(union, named)
         if position in fused_key:
             src.emit(2, f"s{position} = len(parts)")
-        src.emit(2, f"v = values[{position}]")
-        src.emit(2, "if v is None:")
-        src.emit(3, "a(b'\\x00')")
-        src.emit(2, "elif v is _TOAST:")
-        if key or position in fused_key:
-            src.emit(3, "raise ValueError('unchanged TOAST in a key column')")
+        if wire:
+            # TupleData: kind byte; 't'/'b' then an unsigned 32-bit length and the bytes.
+            # A length past the end shows as an IndexError/struct.error later or as a final
+            # position other than the message's end (checked by the caller).
+            src.emit(2, "k = buf[pos]")
+            src.emit(2, "if k == 116:")
+            src.emit(3, "s = pos + 5")
+            src.emit(3, "pos = s + _unpack_u32_from(buf, pos + 1)[0]")
+            src.emit(3, "d = buf[s:pos]")
+            _emit_value(src, position, "t", mapping, union, write)
+            src.emit(2, "elif k == 110:")
+            src.emit(3, "pos += 1")
+            src.emit(3, "a(b'\\x00')")
+            src.emit(2, "elif k == 98:")
+            src.emit(3, "s = pos + 5")
+            src.emit(3, "pos = s + _unpack_u32_from(buf, pos + 1)[0]")
+            src.emit(3, "d = buf[s:pos]")
+            _emit_value(src, position, "b", mapping, union, write)
+            if not (key or position in fused_key):
+                src.emit(2, "elif k == 117:")
+                src.emit(3, "pos += 1")
+                src.emit(3, "a(b'\\x00')  # a placeholder: the column is listed in unchanged_toast")
+                src.emit(3, f"unchanged.append({column!r})")
+            src.emit(2, "else:")
+            src.emit(3, "return None  # an unknown kind, or unchanged TOAST in a key column")
         else:
-            src.emit(3, "a(b'\\x00')  # a placeholder: the column is listed in unchanged_toast")
-            src.emit(3, f"unchanged.append({column!r})")
-        src.emit(2, "elif v[1]:")
-        src.emit(3, "d = v[0]")
-        _emit_value(src, position, "b", mapping, union, write)
-        src.emit(2, "else:")
-        src.emit(3, "d = v[0]")
-        _emit_value(src, position, "t", mapping, union, write)
+            src.emit(2, f"v = values[{position}]")
+            src.emit(2, "if v is None:")
+            src.emit(3, "a(b'\\x00')")
+            src.emit(2, "elif v is _TOAST:")
+            if key or position in fused_key:
+                src.emit(3, "raise ValueError('unchanged TOAST in a key column')")
+            else:
+                src.emit(3, "a(b'\\x00')  # a placeholder: the column is listed in unchanged_toast")
+                src.emit(3, f"unchanged.append({column!r})")
+            src.emit(2, "elif v[1]:")
+            src.emit(3, "d = v[0]")
+            _emit_value(src, position, "b", mapping, union, write)
+            src.emit(2, "else:")
+            src.emit(3, "d = v[0]")
+            _emit_value(src, position, "t", mapping, union, write)
         if position in fused_key:
             src.emit(2, f"e{position} = len(parts)")
     src.emit(1, "except _FAILURES:")
-    src.emit(2, "_fallback(values, lsn)  # raises the ConversionError naming the column")
-    src.emit(2, f"_fail({table!r}, values, lsn)")
+    if wire:
+        src.emit(2, "return None")
+    else:
+        src.emit(2, "_fallback(values, lsn)  # raises the ConversionError naming the column")
+        src.emit(2, f"_fail({table!r}, values, lsn)")
+    end = ", pos" if wire else ""
     if key:
-        src.emit(1, "return b''.join(parts)")
+        src.emit(1, f"return b''.join(parts){end}")
     elif fused_key:
         slices = " + ".join(f"parts[s{p}:e{p}]" for p in fused_key)
-        src.emit(1, f"return b''.join(parts), unchanged, b''.join({slices})")
+        src.emit(1, f"return b''.join(parts), unchanged, b''.join({slices}){end}")
+    elif wire:
+        src.emit(1, "return b''.join(parts), unchanged, None, pos")
     else:
         src.emit(1, "return b''.join(parts), unchanged")
     code = "\n".join(src.lines)
@@ -534,6 +588,9 @@ def compile_row_encoder(
     encoder: RowEncoder = _compile(
         "encode_row", table, cols, named, toast, len(cols), False, reference
     )
+    encoder.wire = _compile(  # type: ignore[attr-defined]
+        "encode_row_wire", table, cols, {}, toast, len(cols), False, reference, wire=True
+    )
     return encoder
 
 
@@ -560,7 +617,25 @@ def compile_row_key_encoder(
     encoder: RowKeyEncoder = _compile(
         "encode_row_key", table, cols, named, toast, len(cols), False, fallback, key_positions
     )
+    encoder.wire = _compile(  # type: ignore[attr-defined]
+        "encode_row_key_wire", table, cols, {}, toast, len(cols), False, fallback, key_positions,
+        wire=True,
+    )  # fmt: skip
     return encoder
+
+
+def wire_encoder(encoder: Callable[..., Any]) -> WireRowKeyEncoder | None:
+    """The TupleData-reading twin of a row (or row + key) encoder made here, else None.
+
+    ``wire(buf, pos)`` encodes the TupleData at ``buf[pos:]`` (a pgoutput Insert/Update/
+    Delete payload) as the twin encodes the decoded tuple, byte for byte, and returns
+    ``(row body, unchanged TOAST names, key body or None, end offset)``; or None for anything
+    unusual (column count, tuple kind, short buffer, a value the fast paths refuse, unchanged
+    TOAST in a key column): the caller then decodes and encodes the careful way, which
+    raises the precise error. Its ``key body`` is None when the twin encodes no key.
+    """
+    wire: WireRowKeyEncoder | None = getattr(encoder, "wire", None)
+    return wire
 
 
 def compile_key_encoder(

@@ -15,12 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_schemas_convert import CASES, NUMERIC_12_2  # the type table's edge values
 
-from producer.pgoutput import UNCHANGED_TOAST, Column, Relation, Value
+from producer.pgoutput import UNCHANGED_TOAST, Column, Insert, Relation, Value
 from schemas import row_encoder
 from schemas.avro_binary import _varint_slow, long_bytes, varint
 from schemas.errors import ConversionError
 from schemas.relation import RelationCodec, _fastavro_row_encoder, build_relation_codec
 from schemas.type_catalog import Attribute, PgType, TypeCatalog, TypeKind
+from tests.support.pgoutput_encoder import encode
 
 pytestmark = pytest.mark.unit
 
@@ -70,6 +71,32 @@ def fastavro_bytes(schema: Any, datum: Any) -> bytes:
     return buf.getvalue()
 
 
+def insert_payload(values: tuple[Any, ...]) -> bytes:
+    """A pgoutput Insert of ``values`` (relation 1); its TupleData starts at offset 6."""
+    return encode(Insert(None, 1, tuple(values)))
+
+
+def assert_wire_twins_agree(codec: RelationCodec, values: tuple[Any, ...]) -> None:
+    """The TupleData-reading twins (``wire``) give what the compiled encoders give for the
+    decoded tuple, at any offset, or None exactly where those raise."""
+    for encoder, with_key in ((codec.encode_row, False), (codec.encode_row_key, True)):
+        wire = row_encoder.wire_encoder(encoder)
+        if wire is None:
+            assert with_key and codec.encode_key is None  # the row-only wrapper: no twin
+            continue
+        payload = insert_payload(values)
+        padded = b"junk" + payload + b"tail"
+        try:
+            expected = encoder(values)
+        except ConversionError:
+            assert wire(payload, 6) is None
+            continue
+        if not with_key:
+            expected = (*expected, None)
+        assert wire(payload, 6) == (*expected, len(payload))
+        assert wire(padded, 10) == (*expected, len(payload) + 4)
+
+
 def assert_same_bytes(codec: RelationCodec, values: tuple[Any, ...]) -> None:
     """The compiled encoders against fastavro on the reference converters' output."""
     row, unchanged = codec.convert_row(values)
@@ -81,6 +108,7 @@ def assert_same_bytes(codec: RelationCodec, values: tuple[Any, ...]) -> None:
         assert codec.encode_key(values) == fastavro_bytes(
             codec.key_schema, codec.convert_key(values)
         )
+    assert_wire_twins_agree(codec, values)
 
 
 ID = Value(b"7", False)
@@ -386,6 +414,57 @@ def test_repeated_and_alternating_values_through_the_last_value_caches() -> None
         except ConversionError:
             with pytest.raises(ConversionError):
                 codec.encode_row((ID, *row))
+            assert_wire_twins_agree(codec, (ID, *row))  # None: the careful path reports
             continue
         assert_same_bytes(codec, (ID, *row))
         assert_same_bytes(codec, (ID, *text))
+
+
+WIRE_CODEC = codec_for(("id", INT8, -1, True), ("name", TEXT, -1, False), ("n", INT4, -1, False))
+WIRE_ROW = (Value(b"7", False), Value(b"seven", False), Value(struct.pack("!i", 7), True))
+
+
+def test_wire_twin_gives_up_on_anything_unusual() -> None:
+    """Every anomaly gives None (the careful decoder then raises the precise error)."""
+    wire = row_encoder.wire_encoder(WIRE_CODEC.encode_row_key)
+    assert wire is not None
+    good = insert_payload(WIRE_ROW)
+    assert wire(good, 6) is not None
+    for cut in range(6, len(good)):  # every truncation
+        result = wire(good[:cut], 6)
+        assert result is None or result[3] > cut  # ran past the end: never a clean end
+    assert wire(insert_payload(WIRE_ROW[:2]), 6) is None  # a column short
+    assert wire(insert_payload((*WIRE_ROW, None)), 6) is None  # a column too many
+    bad_kind = bytearray(good)
+    bad_kind[8] = ord("x")  # the first column's kind byte
+    assert wire(bytes(bad_kind), 6) is None
+    toast_key = (UNCHANGED_TOAST, *WIRE_ROW[1:])
+    assert wire(insert_payload(toast_key), 6) is None  # the careful path raises for it
+    with pytest.raises(ConversionError):
+        WIRE_CODEC.encode_row_key(toast_key)
+    huge = bytearray(good)
+    huge[9:13] = struct.pack("!I", 2**32 - 1)  # a length far past the end
+    assert wire(bytes(huge), 6) is None
+    not_int = insert_payload((Value(b"x7", False), *WIRE_ROW[1:]))
+    assert wire(not_int, 6) is None
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_wire_twin_on_mutated_payloads_is_none_or_the_decoded_rows_bytes(data: Any) -> None:
+    """Flip bytes anywhere in a TupleData: the twin either gives up or, when it reaches the
+    payload's end, gives exactly what decoding and encoding the same bytes give."""
+    from producer.pgoutput import Decoder
+
+    wire = row_encoder.wire_encoder(WIRE_CODEC.encode_row_key)
+    assert wire is not None
+    payload = bytearray(insert_payload(WIRE_ROW))
+    for _ in range(data.draw(st.integers(1, 3))):
+        payload[data.draw(st.integers(6, len(payload) - 1))] = data.draw(st.integers(0, 255))
+    buf = bytes(payload)
+    result = wire(buf, 6)
+    if result is None or result[3] != len(buf):
+        return  # the careful path decides
+    message = Decoder().decode(buf)  # a clean end: the careful path must agree
+    assert isinstance(message, Insert)
+    assert result[:3] == WIRE_CODEC.encode_row_key(message.new)

@@ -1,0 +1,169 @@
+"""The pipeline's fast path (Insert/Update/Delete bytes -> produced events, no decoded
+messages) produces exactly what the careful path (decode, then the message handlers)
+produces, and steps aside for everything else. Real codecs and envelope writer; Kafka is a
+recorder; no services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from producer.config import load_config
+from producer.delivery import Ticket
+from producer.envelope_writer import TableEnvelopeWriter
+from producer.events import TableShape
+from producer.pgoutput import (
+    UNCHANGED_TOAST,
+    Column,
+    Decoder,
+    Delete,
+    Insert,
+    Relation,
+    Update,
+    Value,
+)
+from producer.pipeline import Pipeline
+from producer.tables import TableRoute, wire_row_key_encoder
+from producer.transactions import Transaction
+from schemas.relation import build_relation_codec
+from schemas.type_catalog import TypeCatalog
+from schemas.wire import AvroEncoder, header
+from tests.support.pgoutput_encoder import encode
+
+pytestmark = pytest.mark.unit
+
+INT4, TEXT, NUMERIC = 23, 25, 1700
+REL = 4242
+ENV = {
+    "WALBRIDGE_PG_DSN": "host=localhost dbname=db",
+    "WALBRIDGE_KAFKA_BOOTSTRAP": "localhost:9092",
+    "WALBRIDGE_SCHEMA_REGISTRY_URL": "http://localhost:8081",
+}
+
+
+def route_for(identity: str, key: tuple[str, ...]) -> TableRoute:
+    columns = tuple(
+        Column(1 if name in key else 0, name, oid, -1, name in key)
+        for name, oid in (("id", INT4), ("code", TEXT), ("val", TEXT), ("amount", NUMERIC))
+    )
+    relation = Relation(None, REL, "public", "t", identity, columns)  # type: ignore[arg-type]
+    codec = build_relation_codec(relation, TypeCatalog(), "db.public.t")
+    return TableRoute(
+        shape=TableShape.of(codec, identity),
+        topic="db.public.t",
+        table="public.t",
+        key_header=None if codec.encode_key is None else header(2),
+        value_encoder=AvroEncoder(codec.envelope_schema, 3),
+        source={},
+        writer=TableEnvelopeWriter(
+            codec.envelope_schema,
+            3,
+            version="1",
+            prefix="db",
+            db="db",
+            schema="public",
+            table="t",
+        ),
+        counts=[0, 0],
+        wire=wire_row_key_encoder(codec),
+    )
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.produced: list[tuple[str, bytes, bytes | None]] = []
+
+    def __call__(self, topic: str, value: bytes, key: bytes | None, on_delivery: Any) -> None:
+        self.produced.append((topic, value, key))
+
+
+def pipeline_with(route: TableRoute, monkeypatch: pytest.MonkeyPatch) -> tuple[Pipeline, Recorder]:
+    monkeypatch.setattr("producer.pipeline.time.time_ns", lambda: 1_700_000_000_123_000_000)
+    pipeline = Pipeline(load_config([], ENV))
+    recorder = Recorder()
+    pipeline._kafka_produce = recorder
+    pipeline._routes = {REL: route}
+    pipeline._tx = Transaction(77, 0x1000, 0)
+    pipeline._tx.event_count = 1  # markers are not this test's business
+    pipeline._ticket = Ticket(0x1000)
+    return pipeline, recorder
+
+
+def careful(pipeline: Pipeline, payload: bytes, lsn: int) -> None:
+    message = Decoder().decode(payload)
+    handler = {
+        Insert: pipeline._on_insert,
+        Update: pipeline._on_update,
+        Delete: pipeline._on_delete,
+    }
+    handler[type(message)](message, lsn)  # type: ignore[operator]
+
+
+def row(*values: Any) -> tuple[Any, ...]:
+    return tuple(
+        v if v is None or v is UNCHANGED_TOAST else Value(str(v).encode(), False) for v in values
+    )
+
+
+FAST_SHAPES = [
+    ("d", ("id",), Insert(None, REL, row(1, "a", "x", "1.50"))),
+    ("d", ("id",), Insert(None, REL, row(2, None, "é", None))),
+    ("d", ("id",), Update(None, REL, None, None, row(1, "b", UNCHANGED_TOAST, "2.00"))),
+    ("d", ("id",), Delete(None, REL, "K", row(1, None, None, None))),
+    ("f", (), Delete(None, REL, "O", row(1, "a", "x", "3"))),
+    ("n", (), Insert(None, REL, row(3, "c", "y", "-4.25"))),
+    ("n", (), Update(None, REL, None, None, row(3, "c", "z", "0"))),
+    ("i", ("id", "code"), Insert(None, REL, row(5, "k", "v", "1e3"))),
+]
+
+
+@pytest.mark.parametrize(("identity", "key", "message"), FAST_SHAPES)
+def test_fast_path_produces_what_the_careful_path_produces(
+    identity: str, key: tuple[str, ...], message: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload = encode(message)
+    fast, fast_out = pipeline_with(route_for(identity, key), monkeypatch)
+    slow, slow_out = pipeline_with(route_for(identity, key), monkeypatch)
+    assert fast._fast_dml(payload, payload[0], 0x900) is True
+    assert fast._fast_dml(memoryview(payload), payload[0], 0x910) is True  # the stream's type
+    careful(slow, payload, 0x900)
+    careful(slow, payload, 0x910)
+    assert len(fast_out.produced) == 2
+    assert fast_out.produced == slow_out.produced
+    assert fast._tx is not None and slow._tx is not None
+    assert fast._tx.event_count == slow._tx.event_count == 3
+    assert fast._ticket is not None and fast._ticket.outstanding == 2
+
+
+STEP_ASIDE = [
+    # An update with the old key: may become delete + create, the careful path decides.
+    Update(None, REL, "K", row(1, None, None, None), row(9, "a", "x", "1")),
+    Insert(None, REL + 1, row(1, "a", "x", "1")),  # unknown relation: careful path raises
+    Insert(None, REL, row(1, "a", "x")),  # a column short
+    Insert(None, REL, row("one", "a", "x", "1")),  # a value the encoder refuses
+    Delete(None, REL, "K", row(UNCHANGED_TOAST, None, None, None)),  # TOAST in the key
+]
+
+
+@pytest.mark.parametrize("message", STEP_ASIDE)
+def test_fast_path_steps_aside(message: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    assert pipeline._fast_dml(encode(message), encode(message)[0], 0x900) is False
+    assert recorder.produced == []
+
+
+def test_fast_path_steps_aside_for_malformed_payloads_and_skipped_transactions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    good = encode(Insert(None, REL, row(1, "a", "x", "1")))
+    for cut in range(len(good)):
+        assert pipeline._fast_dml(good[:cut], good[0], 0x900) is False
+    assert pipeline._fast_dml(good + b"\x00", good[0], 0x900) is False  # trailing byte
+    pipeline._skipping = True
+    assert pipeline._fast_dml(good, good[0], 0x900) is False
+    pipeline._skipping = False
+    assert recorder.produced == []
+    assert pipeline._fast_dml(good, good[0], 0x900) is True
+    assert len(recorder.produced) == 1
