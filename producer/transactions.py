@@ -29,6 +29,9 @@ class Order(NamedTuple):
     data_collection_order: int
 
 
+_new_order = tuple.__new__
+
+
 class Transaction:
     """One committed transaction as it is decoded; counts what was published.
 
@@ -52,7 +55,8 @@ class Transaction:
         self.event_count += 1
         position = self.collections.get(data_collection, 0) + 1
         self.collections[data_collection] = position
-        return Order(self.event_count, position)
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (once per event).
+        return _new_order(Order, (self.event_count, position))
 
     def block(self, order: Order) -> dict[str, Any]:
         """The envelope's ``transaction`` field."""

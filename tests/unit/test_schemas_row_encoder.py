@@ -261,6 +261,10 @@ def test_numeric_fast_and_slow_text_forms() -> None:
     codec = codec_for(("id", INT8, -1, True), ("n", 1700, NUMERIC_12_2, False))
     for text in (b"0.00", b"-0.01", b"9999999999.99", b"1.5", b"12", b"NaN", b"Infinity"):
         assert_same_bytes(codec, (ID, Value(text, False)))
+    assert "partition" in codec.encode_row.__walbridge_source__  # type: ignore[attr-defined]
+    scale0 = codec_for(("id", INT8, -1, True), ("n", 1700, ((5 << 16) | 0) + 4, False))
+    for text in (b"0", b"-128", b"127", b"-129", b"32768", b"NaN", b"-Infinity", b"1.0"):
+        assert_same_bytes(scale0, (ID, Value(text, False)))
 
 
 def test_mixed_nulls_and_toast_list_columns_in_order() -> None:
