@@ -81,6 +81,10 @@ class _Table:
     events: DataFrame  # decoded, cached
     columns: tuple[str, ...]
     key: tuple[str, ...] | None  # None: not known yet (no key schema, no table)
+    # Every key of the batch leaves out some source column of every writer schema: a primary
+    # key or unique index. A key of all columns (REPLICA IDENTITY FULL without a primary key)
+    # may repeat at the source.
+    unique_key: bool = False
 
 
 class BatchProcessor:
@@ -238,8 +242,12 @@ class BatchProcessor:
             frames: list[DataFrame] = []
             columns: list[str] = []
             key = self._key(info, self.config.table_path(info.schema, info.table))
+            keys = [E.key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
+            unique = True
             for vid in info.value_ids:
                 fields = E.row_fields(self.schemas.parsed(vid))
+                names = {f.name for f in fields}
+                unique &= all(bool(k) and set(k) < names for k in keys)
                 frames.append(table_events(
                     self._decode(raw.filter((F.col("topic") == info.topic)
                                             & (F.col("_vid") == vid)), self.schemas.text(vid)),
@@ -248,7 +256,7 @@ class BatchProcessor:
             df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
             df = df.persist(StorageLevel.MEMORY_AND_DISK)
             persisted.append(df)
-            out[info.topic] = _Table(info, df, tuple(columns), key)
+            out[info.topic] = _Table(info, df, tuple(columns), key, unique)
         return out
 
     def _decode_markers(self, raw: DataFrame, marker_ids: list[int],
@@ -358,7 +366,8 @@ class BatchProcessor:
         tc = merge.TableChanges(
             info.schema, info.table, path, key, table.columns, changes,
             truncate=work.truncate, toast_columns=work.toast_columns,
-            key_min=work.key_min, key_max=work.key_max)
+            key_min=work.key_min, key_max=work.key_max,
+            only_distinct_inserts=work.only_distinct_inserts, unique_key=table.unique_key)
         return merge.apply(self.spark, tc)
 
     def _save_pending(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,

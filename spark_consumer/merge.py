@@ -13,6 +13,9 @@
   summary), so Delta prunes target files by their statistics; tables are created with deletion
   vectors, so an update marks rows instead of rewriting whole files. Both keep a MERGE's cost
   tied to the batch, not to the table's size.
+- A table whose share of the batch is nothing but distinct inserts takes an insert-only MERGE
+  (`_inserts_only_apply` explains why that gives exactly the same table): no collapse shuffle,
+  no source materialisation, one pass. Still one commit per table per batch.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class TableChanges:
     toast_columns: frozenset[str] = frozenset()  # columns some change left unchanged (TOAST)
     key_min: int | str | None = None  # bounds of the first key column: lets MERGE prune files
     key_max: int | str | None = None
+    only_distinct_inserts: bool = False  # every change a 'c', none twice (TableWork says so)
+    unique_key: bool = False  # the key is a primary key or unique index at the source
 
     @property
     def name(self) -> str:
@@ -155,9 +160,56 @@ def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
     return grouped.select(*exprs)
 
 
+def _insert_values(tc: TableChanges, target_cols: list[str]) -> dict[str, str | Column]:
+    # A column the writer no longer has (dropped at the source) gets NULL.
+    values: dict[str, str | Column] = {
+        f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols}
+    values.update({m: f"s.{m}" for m in E.LAKE_META})
+    return values
+
+
+def inserts_only_applies(tc: TableChanges) -> bool:
+    """Whether `_inserts_only_apply` gives exactly what the full MERGE gives.
+
+    It does when every change of the table in this batch is an insert ('c'), no event came
+    twice, nothing is unchanged-TOAST, and the key is unique at the source. The full MERGE could
+    differ only on a key K the lake already holds with an older dedup key D than K's insert P
+    (it would update; the insert-only form leaves the row). K existed at D and was inserted at
+    P, so the source deleted it (a 'd', or a 't' truncate) at some X with D < X < P. The lake is
+    at a transaction boundary L >= the batch's start W (W exactly, or later after a crash between
+    two tables' commits or a replay) and still holds K's row from D, so X > L >= W; and
+    X < P <= the batch's end. Every complete transaction in (W, end] is in the batch, so X
+    would be one of its changes of this table: contradiction, as all of them are inserts. The
+    argument needs no knowledge of L, so it holds for replays too; a matched key is simply
+    skipped, which is also what the full MERGE does with an equal or newer row (replay).
+    Distinct inserts of a unique key also mean at most one change per key: no collapse.
+
+    A key made of every source column (REPLICA IDENTITY FULL without a primary key) is not
+    unique at the source (identical rows may be inserted twice), so it keeps the full MERGE;
+    snapshot reads ('r') may meet rows the lake holds, so they are not inserts here.
+    """
+    return (tc.only_distinct_inserts and tc.unique_key and tc.truncate is None
+            and not tc.toast_columns)
+
+
+def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[str]) -> None:
+    source = tc.changes.filter(F.col(E.OP) == "c")
+    on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    key_range = _key_range(tc)
+    if key_range is not None:
+        on = on & key_range
+    # Insert-only: Delta runs this as an anti join against the (pruned) target and appends;
+    # a key already there (a replay) is left as it is.
+    (table.alias("t").merge(source.alias("s"), on)
+     .whenNotMatchedInsert(values=_insert_values(tc, target_cols)).execute())
+
+
 def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     table = ensure_table(spark, tc)
     target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    if inserts_only_applies(tc):
+        _inserts_only_apply(table, tc, target_cols)
+        return
     changes = tc.changes
     point = tc.truncate
     if point is not None:
@@ -229,10 +281,7 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
         table.delete(_before_sql(point, t=""))
         changes = changes.filter(_after(point))
     rows = changes.filter(F.col(E.OP) != "t").dropDuplicates([E.COMMIT_LSN, E.TOTAL_ORDER])
-    inserts: dict[str, str | Column] = {
-        f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols
-    }
-    inserts.update({m: f"s.{m}" for m in E.LAKE_META})
+    inserts = _insert_values(tc, target_cols)
     (table.alias("t").merge(
         rows.alias("s"),
         f"t.{E.COMMIT_LSN} = s.{E.COMMIT_LSN} AND t.{E.TOTAL_ORDER} = s.{E.TOTAL_ORDER}")

@@ -41,6 +41,12 @@ class TableStats:
     toast_columns: frozenset[str] = frozenset()
     key_min: int | str | None = None  # bounds of the first key column, when orderable
     key_max: int | str | None = None
+    only_inserts: bool = False  # every event is a 'c' (insert)
+
+    @property
+    def duplicates(self) -> bool:
+        """Some event arrived more than once (a producer replay inside the batch)."""
+        return self.records != self.events
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,9 @@ class TableWork:
     toast_columns: frozenset[str]
     key_min: int | str | None  # None: no usable bounds (mixed types or not orderable)
     key_max: int | str | None
+    # Every applied event of the table is an insert and none arrived twice: the MERGE may
+    # take its insert-only form (merge.py says why that is exact).
+    only_distinct_inserts: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,8 @@ def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats],
             only_truncates=all(s.truncates == s.records for s in stats),
             truncate=max(truncates) if truncates else None,
             toast_columns=frozenset().union(*(s.toast_columns for s in stats)),
-            key_min=low, key_max=high))
+            key_min=low, key_max=high,
+            only_distinct_inserts=all(s.only_inserts and not s.duplicates for s in stats)))
 
     waiting = [tx for tx in order if lsn[tx] > w_after]
     pending = sorted((_summary(tx, lsn[tx], mark.get(tx), by_tx.get(tx, {})) for tx in waiting),

@@ -124,6 +124,8 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
         F.min("k_str").alias("ks_min"), F.max("k_str").alias("ks_max"),
         # A null in the bounds column means some event had no usable key value.
         F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
+        # Any event but an insert: the insert-only MERGE is then out of the question.
+        F.max(F.col("op") != "c").alias("not_insert"),
         F.max(end).alias("has_end"),
         F.max(F.when(end, F.col("dcs"))).alias("dcs"),
         F.min(F.struct("part", "off")).alias("first"),
@@ -144,7 +146,7 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
                 tx_id=r["tx"], collection=r["coll"], topic=r["topic"], commit_lsn=r["lsn"],
                 events=r["events"], records=r["records"], first_seen_ms=r["seen"],
                 truncate_order=r["t_ord"], truncates=r["truncates"], toast_columns=frozenset(r["toast"] or ()),
-                key_min=low, key_max=high))
+                key_min=low, key_max=high, only_inserts=not r["not_insert"]))
         else:
             expected = {d["data_collection"]: d["event_count"] for d in (r["dcs"] or ())
                         if d["data_collection"] != message_collection}

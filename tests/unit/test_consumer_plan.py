@@ -56,6 +56,20 @@ def test_table_work_merges_truncates_toast_and_key_bounds() -> None:
     assert not a.only_truncates and (b.key_min, b.key_max) == ("a", "c")
 
 
+@pytest.mark.parametrize(("second", "expected"), [
+    ({"only_inserts": True}, True),
+    ({"only_inserts": False}, False),  # an update, delete, read or truncate somewhere
+    ({"only_inserts": True, "records": 2}, False),  # an event arrived twice (producer replay)
+])
+def test_insert_only_form_needs_every_applied_event_a_distinct_insert(
+        second: dict[str, object], expected: bool) -> None:
+    data = [stats("1:100", 100, only_inserts=True), stats("2:200", 200, **second),
+            stats("3:300", 300, only_inserts=False)]  # pending: must not count
+    marks = [end("1:100", 100, public__a=1), end("2:200", 200, public__a=1)]
+    (a,) = decide(data, marks, watermark=-1).tables
+    assert a.only_distinct_inserts is expected
+
+
 def test_no_key_bounds_when_some_event_has_none() -> None:
     data = [stats("1:100", 100, key_min=5, key_max=9), stats("2:200", 200)]
     marks = [end("1:100", 100, public__a=1), end("2:200", 200, public__a=1)]
