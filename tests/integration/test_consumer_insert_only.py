@@ -1,0 +1,165 @@
+"""The insert-only MERGE (merge.inserts_only_applies) against the careful full MERGE, on Spark.
+
+The same batches go through two consumers, one with the fast form and one forced onto the
+full MERGE; after every batch both lakes must hold exactly the same rows (bookkeeping columns
+included). The sequence mixes what must keep the full MERGE (updates of existing keys, a key
+change, a truncate, unchanged TOAST, a key of every column with repeated rows, a producer
+replay inside a batch) with what may take the fast form, and replays a batch after a crash
+between two tables' commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark_consumer import merge, progress
+from spark_consumer.batch import BatchProcessor
+from spark_consumer.config import ConsumerConfig
+from spark_consumer.registry import WriterSchemas
+from tests.support.event_writer import (
+    ColumnSpec,
+    EventWriter,
+    KafkaRecord,
+    TableSpec,
+    registry_client,
+)
+from tests.support.spark import KafkaLog, spark  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+DEC = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
+ACC = TableSpec("public", "accounts", (ColumnSpec("id", "long", "int8"),
+                                       ColumnSpec("balance", DEC, "numeric(12,2)"),
+                                       ColumnSpec("doc", "string", "text")), ("id",))
+# REPLICA IDENTITY FULL without a primary key: the key is every column and may repeat.
+PAIRS = TableSpec("public", "pairs", (ColumnSpec("a", "long", "int8"),
+                                      ColumnSpec("b", "string", "text")), ("a", "b"))
+
+
+def row(i: int, doc: str = "d") -> dict[str, object]:
+    return {"id": i, "balance": Decimal(f"{i}.50"), "doc": doc}
+
+
+def batches(writer: EventWriter) -> list[list[KafkaRecord]]:
+    w = writer
+    t1 = w.transaction(1, 100)
+    for i in range(1, 6):
+        t1.insert(ACC, row(i, "X" * 3000 if i == 1 else "d"))
+    t1.insert(PAIRS, {"a": 1, "b": "x"}).insert(PAIRS, {"a": 1, "b": "x"})  # the same row twice
+    t2 = w.transaction(2, 200).insert(ACC, row(6)).insert(ACC, row(7))
+    # Batch 2 (fast form for accounts): t2, plus t1's records again (a producer replay of
+    # already-applied events: filtered by the watermark).
+    t3 = (w.transaction(3, 300)
+          .insert(ACC, row(8))
+          .update(ACC, {"id": 1, "balance": Decimal("9.00"), "doc": None}, unchanged_toast=["doc"])
+          .update(ACC, row(2, "u"))
+          .delete(ACC, {"id": 3}).insert(ACC, row(30))  # key change 3 -> 30
+          .insert(PAIRS, {"a": 2, "b": "y"}))
+    t4 = w.transaction(4, 400).truncate(ACC).insert(ACC, row(40)).insert(ACC, row(2, "again"))
+    t5 = w.transaction(5, 500).insert(ACC, row(50)).insert(ACC, row(51))
+    t6 = w.transaction(6, 600).insert(ACC, row(60)).insert(PAIRS, {"a": 1, "b": "x"})
+    r5 = t5.records()
+    return [
+        t1.records(),
+        t2.records() + t1.records(),
+        t3.records(),
+        t4.records(),
+        r5 + r5[1:2],  # one insert twice in the batch: duplicates, so the full MERGE
+        t6.records(),
+    ]
+
+
+@dataclass
+class Consumer:
+    processor: BatchProcessor
+    lake: str
+    writer: EventWriter  # registers in the consumer's (in-process mock) registry
+
+    def tables(self, spark: SparkSession) -> dict[str, list[tuple[object, ...]]]:  # noqa: F811
+        out = {}
+        for spec in (ACC, PAIRS):
+            df = spark.read.format("delta").load(f"{self.lake}/{spec.schema}/{spec.table}")
+            out[spec.table] = sorted((tuple(r) for r in df.collect()), key=repr)
+        return out
+
+
+@pytest.fixture()
+def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, Consumer]]:  # noqa: F811
+    client = registry_client("mock://insert-only")
+    made = []
+    for name in ("fast", "careful"):
+        cfg = ConsumerConfig(kafka_bootstrap="-", schema_registry_url="mock://insert-only",
+                             topic_prefix="io", lake_path=str(tmp_path / name / "lake"),
+                             checkpoint_path=str(tmp_path / name / "cp"), trigger=None,
+                             available_now=True, merge_threads=1)  # tables in a known order
+        made.append(Consumer(BatchProcessor(spark, cfg, WriterSchemas(client)), cfg.lake_path,
+                             EventWriter(client, "io")))
+    yield made[0], made[1]
+
+
+def test_insert_only_form_gives_the_careful_lake(
+        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, careful = consumers
+    log = KafkaLog()
+    frames = [log.frame(spark, recs) for recs in batches(fast.writer)]
+
+    taken: list[tuple[str, bool]] = []
+    decide = merge.inserts_only_applies
+
+    def spy(tc: merge.TableChanges) -> bool:
+        taken.append((tc.table, decide(tc)))
+        return taken[-1][1]
+
+    monkeypatch.setattr(merge, "inserts_only_applies", spy)
+    for batch_id, frame in enumerate(frames):
+        fast.processor.process(frame, batch_id)
+    with monkeypatch.context() as m:
+        m.setattr(merge, "inserts_only_applies", lambda tc: False)
+        for batch_id, frame in enumerate(frames):
+            careful.processor.process(frame, batch_id)
+    assert fast.tables(spark) == careful.tables(spark)
+    # The fast form ran where it may and nowhere else.
+    assert taken == [("accounts", True), ("pairs", False),  # t1 (pairs: key of every column)
+                     ("accounts", True),                    # t2
+                     ("accounts", False), ("pairs", False),  # t3: update, delete, TOAST
+                     ("accounts", False),                   # t4: truncate
+                     ("accounts", False),                   # t5: an insert came twice
+                     ("accounts", True), ("pairs", False)]  # t6
+    acc = {r[0]: r for r in fast.tables(spark)["accounts"]}
+    assert sorted(acc) == [2, 40, 50, 51, 60]
+    assert [r[:2] for r in fast.tables(spark)["pairs"]] == [(1, "x"), (2, "y")]
+
+
+def test_replay_after_a_crash_between_two_tables_changes_nothing(
+        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, _ = consumers
+    log = KafkaLog()
+    w = fast.writer
+    first = w.transaction(1, 100).insert(ACC, row(1)).insert(PAIRS, {"a": 1, "b": "x"})
+    second = (w.transaction(2, 200).insert(ACC, row(2)).insert(ACC, row(3))
+              .insert(PAIRS, {"a": 2, "b": "y"}))
+    fast.processor.process(log.frame(spark, first.records()), 0)
+    frame = log.frame(spark, second.records())
+
+    def crash(*args: object) -> None:
+        raise RuntimeError("crash before the progress row")
+
+    with monkeypatch.context() as m:
+        m.setattr(progress, "append", crash)
+        with pytest.raises(RuntimeError, match="crash before the progress row"):
+            fast.processor.process(frame, 1)
+    after_crash = fast.tables(spark)
+    assert [r[0] for r in after_crash["accounts"]] == [1, 2, 3]  # already applied once
+    # A restarted job (no memory of the crashed run) replays the batch.
+    again = BatchProcessor(spark, fast.processor.config, fast.processor.schemas)
+    report = again.process(frame, 1)
+    assert not report.skipped and report.commit_lsn == 200
+    assert fast.tables(spark) == after_crash
