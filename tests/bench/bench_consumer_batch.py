@@ -3,20 +3,29 @@
 Measures (local[2], mock:// registry, Delta under a temp dir):
   - small: several batches of 2 source transactions each (a few changes on two tables); the
     fixed cost per batch is what decides freshness;
-  - large: one batch of N changes (upserts over 2 tables, in transactions of 100 changes);
-    reported as changes/s and as a ratio to a plain Delta append of the same decoded rows
-    measured in the same run (the baseline).
+  - large: one batch of N changes, reported as changes/s and as a ratio to a plain Delta append
+    of the same decoded rows measured in the same run (the baseline). Workloads:
+      --workload inserts (default): inserts over 2 three-column tables, transactions of 100;
+      --workload mixed: the issue's 8-column table (the producer benchmark's `rows`: int8 key,
+        text, numeric(12,2), timestamptz, jsonb, bool, text[], enum), transactions of 1000
+        changes: 800 inserts of new keys, 100 updates of keys already in the lake (loaded by an
+        earlier batch of --preload inserts, timed apart) and 100 updates of keys inserted
+        earlier in the same batch.
 
 Run (apply throughput of 1M changes in one batch: --small-batches 0 --large 1000000):
   .walbridge/venv/bin/python tests/bench/bench_consumer_batch.py --small-batches 5 --large 200000
+  .walbridge/venv/bin/python tests/bench/bench_consumer_batch.py --small-batches 0 \
+      --large 1000000 --workload mixed --preload 200000
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -40,6 +49,54 @@ ACCOUNTS = TableSpec("public", "accounts", (ColumnSpec("id", "long", "int8"),
                                              ColumnSpec("balance", DEC, "numeric(12,2)"),
                                              ColumnSpec("note", "string", "text")), ("id",))
 SAVINGS = TableSpec("bank", "savings", ACCOUNTS.columns, ("id",))
+# The producer benchmark's 8-column table, in the Avro forms of schemas/type_mapping.py.
+TEXT_ARRAY = {"type": "record", "name": "text_array", "namespace": "io.walbridge.pg", "fields": [
+    {"name": "dims", "type": {"type": "array", "items": "int"}},
+    {"name": "lower_bounds", "type": {"type": "array", "items": "int"}},
+    {"name": "elements", "type": {"type": "array", "items": ["null", "string"]}}]}
+ROWS = TableSpec("bench", "rows", (
+    ColumnSpec("id", "long", "int8"),
+    ColumnSpec("name", "string", "text"),
+    ColumnSpec("price", [DEC, "string"], "numeric(12,2)"),
+    ColumnSpec("created", [{"type": "long", "logicalType": "timestamp-micros"}, "string"],
+               "timestamptz"),
+    ColumnSpec("doc", "string", "jsonb"),
+    ColumnSpec("active", "boolean", "bool"),
+    ColumnSpec("tags", TEXT_ARRAY, "text[]"),
+    ColumnSpec("mood", {"type": "string", "pg.enum.labels": ["sad", "ok", "happy"]}, "mood"),
+), ("id",))
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def wide_row(key: int, version: int = 0) -> dict[str, object]:
+    return {"id": key, "name": f"name-{key}", "price": Decimal(f"{(key + version) % 100000}.25"),
+            "created": EPOCH + timedelta(seconds=key), "doc": f'{{"g": {key}, "v": {version}}}',
+            "active": key % 2 == 0,
+            "tags": {"dims": [2], "lower_bounds": [1], "elements": ["a", str(key)]},
+            "mood": ("sad", "ok", "happy")[key % 3]}
+
+
+def mixed_transactions(writer: EventWriter, first_xid: int, count: int, first_key: int,
+                       lake_keys: int) -> tuple[list[KafkaRecord], int]:
+    """Transactions of 1000 changes: 800 inserts of new keys, 100 updates of lake keys
+    (below `lake_keys`), 100 updates of keys inserted earlier in this batch (inserts instead
+    when there are none). Returns the records and the next unused key."""
+    rnd = random.Random(first_xid)
+    out: list[KafkaRecord] = []
+    key = first_key
+    for i in range(count):
+        xid = first_xid + i
+        tx = writer.transaction(xid, xid * 10)
+        for j in range(1000):
+            if j % 10 == 3 and lake_keys:
+                tx.update(ROWS, wide_row(rnd.randrange(lake_keys), xid))
+            elif j % 10 == 7 and key > first_key:
+                tx.update(ROWS, wide_row(rnd.randrange(first_key, key), xid))
+            else:
+                tx.insert(ROWS, wide_row(key))
+                key += 1
+        out += tx.records()
+    return out, key
 
 
 def transactions(writer: EventWriter, first_xid: int, count: int, changes_per_tx: int,
@@ -60,6 +117,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small-batches", type=int, default=5)
     ap.add_argument("--large", type=int, default=50_000, help="changes in the large batch")
+    ap.add_argument("--workload", choices=("inserts", "mixed"), default="inserts")
+    ap.add_argument("--preload", type=int, default=100_000,
+                    help="mixed: rows inserted by an earlier batch, updated by the large one")
     args = ap.parse_args()
 
     spark = build_session("bench-consumer-batch", shuffle_partitions=2)
@@ -86,16 +146,34 @@ def main() -> None:
             print(f"small batches (2 tx, 6 changes): {', '.join(f'{s:.1f}' for s in small)} s; "
                   f"median {sorted(small)[len(small) // 2]:.1f} s (first includes table creation)")
 
-        n_tx = max(1, args.large // 100)
-        recs = transactions(writer, xid, n_tx, 100, 10**9)
-        rows = log.rows(recs)
-        big = spark.createDataFrame(rows, KAFKA_SCHEMA).persist()
+        batch_id = args.small_batches
+        if args.workload == "inserts":
+            specs = (ACCOUNTS, SAVINGS)
+            n_tx = max(1, args.large // 100)
+            recs = transactions(writer, xid, n_tx, 100, 10**9)
+            changes = n_tx * 100
+        else:
+            specs = (ROWS,)
+            lake_keys = 0
+            if args.preload:
+                pre, lake_keys = mixed_transactions(writer, xid, max(1, args.preload // 1000),
+                                                    0, 0)
+                xid += max(1, args.preload // 1000)
+                frame = spark.createDataFrame(log.rows(pre), KAFKA_SCHEMA)
+                t0 = time.perf_counter()
+                proc.process(frame, batch_id)
+                print(f"  preload batch: {args.preload} changes in "
+                      f"{time.perf_counter() - t0:.1f} s")
+                batch_id += 1
+            n_tx = max(1, args.large // 1000)
+            recs, _ = mixed_transactions(writer, xid, n_tx, 10**8, lake_keys)
+            changes = n_tx * 1000
+        big = spark.createDataFrame(log.rows(recs), KAFKA_SCHEMA).persist()
         big.count()
         t0 = time.perf_counter()
-        report = proc.process(big, args.small_batches)
+        report = proc.process(big, batch_id)
         merge_s = time.perf_counter() - t0
         print(f"  large batch steps: {report.steps}")
-        changes = n_tx * 100
 
         # Baseline: decode the same rows the same way and append them to a fresh Delta table.
         from pyspark.sql import functions as F
@@ -106,7 +184,7 @@ def main() -> None:
         from spark_consumer.framing import schema_id_col
 
         t0 = time.perf_counter()
-        for spec in (ACCOUNTS, SAVINGS):
+        for spec in specs:
             topic = spec.topic("bench")
             part = big.filter(F.col("topic") == topic).withColumn("_first_seen", F.lit(0))
             vid = part.select(schema_id_col(F.col("value")).alias("v")).first()["v"]
@@ -116,7 +194,7 @@ def main() -> None:
             ev.drop("_unchanged_toast").write.format("delta").mode("append").save(
                 f"{tmp}/append/{spec.table}")
         append_s = time.perf_counter() - t0
-        print(f"large batch: {changes} changes in {n_tx} tx: consumer {merge_s:.1f} s "
+        print(f"large batch ({args.workload}): {changes} changes in {n_tx} tx: consumer {merge_s:.1f} s "
               f"({changes / merge_s:,.0f} changes/s); plain decode+append {append_s:.1f} s "
               f"({changes / append_s:,.0f} changes/s); ratio consumer/append "
               f"{merge_s / append_s:.2f}")

@@ -102,7 +102,7 @@ def avro_namespace(topic: str) -> str:
 @dataclass(frozen=True)
 class ColumnSpec:
     name: str
-    avro_type: Any  # the non-null Avro type (a name or a dict with a logicalType)
+    avro_type: Any  # the non-null Avro type (a name, a dict with a logicalType, or a union list)
     pg_type: str
 
 
@@ -125,7 +125,8 @@ class TableSpec:
         return [
             {
                 "name": n,
-                "type": ["null", by_name[n].avro_type],
+                # A union type (e.g. numeric's [decimal, string]) gains a null branch.
+                "type": ["null", *t] if isinstance(t := by_name[n].avro_type, list) else ["null", t],
                 "default": None,
                 "pg.type": by_name[n].pg_type,
             }
