@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pyspark.sql import DataFrame, SparkSession
+
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.registry import WriterSchemas
@@ -113,6 +115,27 @@ def transactions(writer: EventWriter, first_xid: int, count: int, changes_per_tx
     return out
 
 
+def kafka_frame(spark: SparkSession, rows: list[tuple[object, ...]], where: str) -> DataFrame:
+    """A cached Kafka-shaped frame read from parquet files: a frame made from a local list ships
+    its rows inside the tasks, which runs the driver out of memory for a 1M-row batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = ["topic", "partition", "offset", "key", "value", "timestamp"]
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                        ("offset", pa.int64()), ("key", pa.binary()), ("value", pa.binary()),
+                        ("timestamp", pa.timestamp("us"))])
+    Path(where).mkdir(parents=True)
+    half = (len(rows) + 1) // 2
+    for i, part in enumerate((rows[:half], rows[half:])):  # two files: two partitions
+        columns = list(zip(*part, strict=True)) if part else [[] for _ in names]
+        pq.write_table(pa.table(dict(zip(names, columns, strict=True)), schema=schema),
+                       f"{where}/part-{i}.parquet")
+    frame = spark.read.schema(KAFKA_SCHEMA).parquet(where).persist()
+    frame.count()
+    return frame
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small-batches", type=int, default=5)
@@ -159,7 +182,7 @@ def main() -> None:
                 pre, lake_keys = mixed_transactions(writer, xid, max(1, args.preload // 1000),
                                                     0, 0)
                 xid += max(1, args.preload // 1000)
-                frame = spark.createDataFrame(log.rows(pre), KAFKA_SCHEMA)
+                frame = kafka_frame(spark, log.rows(pre), f"{tmp}/preload-batch")
                 t0 = time.perf_counter()
                 proc.process(frame, batch_id)
                 print(f"  preload batch: {args.preload} changes in "
@@ -168,8 +191,7 @@ def main() -> None:
             n_tx = max(1, args.large // 1000)
             recs, _ = mixed_transactions(writer, xid, n_tx, 10**8, lake_keys)
             changes = n_tx * 1000
-        big = spark.createDataFrame(log.rows(recs), KAFKA_SCHEMA).persist()
-        big.count()
+        big = kafka_frame(spark, log.rows(recs), f"{tmp}/large-batch")
         t0 = time.perf_counter()
         report = proc.process(big, batch_id)
         merge_s = time.perf_counter() - t0
