@@ -91,6 +91,10 @@ _MARKER_KEY: Final = ord("K")
 _MARKER_OLD: Final = ord("O")
 _unpack_rel_marker: Final = struct.Struct("!IB").unpack_from  # relation_id, tuple marker
 _STATUS_MIN_GAP_S = 0.1  # serve delivery reports at least this often inside big transactions
+# While acknowledgements are outstanding, a quiet stream hands control back this soon (instead
+# of after idle_after_s) to serve delivery reports: the last transaction before a pause is
+# confirmed within about linger.ms + a broker round trip.
+_ACK_WAIT_S = 0.02
 
 
 def _version() -> str:
@@ -132,6 +136,7 @@ class Pipeline:
         self._next_status = 0.0
         self._reported_lsn = 0
         self._reported_at = 0.0
+        self._idle_sooner = False  # asked the stream for _ACK_WAIT_S idle ticks
         self.client: ReplicationClient | None = None
         self.sink: KafkaSink | None = None
         self._kafka_produce: Callable[..., None] = _no_sink
@@ -352,6 +357,13 @@ class Pipeline:
         self.health.progress()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
+        if not self._idle_sooner and self.tracker.in_flight:
+            self._set_idle_sooner(True)
+
+    def _set_idle_sooner(self, on: bool) -> None:
+        assert self.client is not None
+        self._idle_sooner = on
+        self.client.idle_sooner(_ACK_WAIT_S if on else None)
 
     def _on_relation(self, message: Relation, lsn: int) -> None:
         self.tables.on_relation(message, lsn)
@@ -649,6 +661,8 @@ class Pipeline:
         assert self.sink is not None and self.client is not None
         self.sink.poll(0)
         self._confirm_acked()
+        if self._idle_sooner and not self.tracker.in_flight:
+            self._set_idle_sooner(False)  # all acknowledged: back to idle_after_s ticks
         if self.tracker.in_flight == 0 and self._tx is None and not self._skipping:
             # Nothing of ours in flight: let the slot move past WAL of unpublished tables.
             wal_end = self.client.server_wal_end

@@ -181,6 +181,11 @@ class ReplicationClient:
         """Report ``lsn`` as flushed downstream; the only thing that advances the slot."""
         self._require_stream().confirm(lsn)
 
+    def idle_sooner(self, seconds: float | None) -> None:
+        """See ``ReplicationStream.idle_sooner``; a no-op before ``stream()``."""
+        if self._stream is not None:
+            self._stream.idle_sooner(seconds)
+
     def send_status(self) -> None:
         """Send a status update now; nothing to do before ``stream()`` (no walsender session
         yet, e.g. while the producer retries the registry during start-up)."""

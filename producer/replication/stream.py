@@ -63,6 +63,7 @@ class ReplicationStream:
         self._next_status_at = 0.0
         self._streaming = False
         self._closed = False
+        self._idle_sooner: float | None = None
         self.reconnects = 0
 
     # --- what the producer reads and sets ----------------------------------------------------
@@ -107,6 +108,20 @@ class ReplicationStream:
             lsn=self._confirmed,
         )
         self._next_status_at = self._clock() + self._config.status_interval
+
+    def idle_sooner(self, seconds: float | None) -> None:
+        """Until called with None, yield the idle ``None`` after ``seconds`` without data
+        instead of ``with_idle``'s ``idle_after`` (when that is longer). For a consumer with
+        work pending on a quiet stream: the producer asks for it while Kafka acknowledgements
+        are outstanding, so the last transaction before a pause is confirmed within
+        milliseconds rather than after ``idle_after``. No effect without ``with_idle``."""
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            raise ReplicationError(
+                ErrorKind.CONFIG,
+                f"idle_sooner must be > 0 seconds or None, got {seconds!r}",
+                slot=self._config.slot,
+            )
+        self._idle_sooner = seconds
 
     # --- iteration -----------------------------------------------------------------------
 
@@ -200,7 +215,10 @@ class ReplicationStream:
                 if now >= self._next_status_at:
                     self.send_status()
                     now = clock()
-                idle_at = last_data_at + idle_after
+                wait = idle_after
+                if self._idle_sooner is not None and self._idle_sooner < wait:
+                    wait = self._idle_sooner  # only shortens a finite idle_after (with_idle)
+                idle_at = last_data_at + wait
                 if now >= idle_at:
                     last_data_at = now
                     yield None
