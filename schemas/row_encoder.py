@@ -22,6 +22,11 @@ from the row's bytes of the key columns (``compile_row_key_encoder``): same unio
 
 A value that fails here is re-converted by the reference converter, which raises the usual
 ``ConversionError`` naming table, column, type and value.
+
+Row and row + key encoders also get a twin (``wire_encoder``) that reads the pgoutput
+TupleData bytes itself, with the same per-column statements: the producer's fast path for
+Insert/Update/Delete skips building ``Value`` tuples and message objects. The twin never
+raises for bad input; it returns None and the caller takes the careful path.
 """
 
 from __future__ import annotations
