@@ -2,8 +2,9 @@
 
 raw Kafka rows (+ pending rows, when there are any) -> framing check and offsets (job 1)
 -> decode per (topic, writer schema id), cached -> one summary aggregation (job 2)
--> pure reassembly plan -> one guarded MERGE per touched table -> pending state (only when
-something waits) -> progress row.
+-> pure reassembly plan -> one guarded MERGE per touched table (insert-only when the table's
+share is nothing but distinct inserts of a unique key, see merge.inserts_only_applies) ->
+pending state (only when something waits) -> progress row.
 
 The fixed cost of a batch is kept to these few Spark jobs plus the MERGEs: everything the
 driver needs to decide comes back from jobs 1 and 2 as small rows. Every step is idempotent
