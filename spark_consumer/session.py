@@ -74,9 +74,6 @@ def build_session(
         # Delta's own defaults favour big clusters; these keep small local runs fast.
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.databricks.delta.optimizeWrite.enabled", "false")
-        # A batch's cached frames live for one batch and are read two or three times: encoding
-        # them compressed costs more CPU than the scans save (1M changes: about 1 s of 7).
-        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
