@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from spark_consumer.session import build_session
 from spark_consumer.source import start
 from tests.e2e.harness import Pipeline
-from tests.integration.test_producer_harness import sql
+from tests.support.producer_harness import sql
 
 
 def load(dsn: str, table: str, rate: float, seconds: float, per_tx: int = 10) -> int:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from producer.pgoutput import Commit, Decoder  # noqa: E402
 from producer.replication import ReplicationClient, ReplicationConfig  # noqa: E402
 from producer.transactions import pg_ts_to_ms  # noqa: E402
-from tests.integration.test_producer_harness import ProducerProcess, Source, sql  # noqa: E402
+from tests.support.producer_harness import ProducerProcess, Source, sql  # noqa: E402
 
 SYNC_COMMIT = True
 

@@ -2,7 +2,7 @@
 and topic prefix, the REAL producer as a subprocess, and the consumer (in-process through its
 API, or as `python -m spark_consumer run` subprocess) writing a lake under the test's tmp dir.
 
-The producer helpers come from tests/integration/test_producer_harness.py (no tests there).
+The producer helpers come from tests/support/producer_harness.py (no tests there).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, VerifyConfig
 from spark_consumer.registry import WriterSchemas
 from spark_consumer.source import start
-from tests.integration.test_producer_harness import ProducerProcess, Source, sql
+from tests.support.producer_harness import ProducerProcess, Source, sql
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from spark_consumer.source import start
 from tests.e2e.harness import pipeline, wait_for
-from tests.integration.test_producer_harness import sql
+from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.e2e

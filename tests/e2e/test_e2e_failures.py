@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from tests.e2e.harness import pipeline, wait_for
-from tests.integration.test_producer_harness import sql
+from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ def test_each_operation_ends_equal(spark: SparkSession, pg_dsn: str,  # noqa: F8
                                    tmp_path: Path) -> None:
     s = f"e2e_ops_{uuid.uuid4().hex[:8]}"
     items, trunc, log, full = f"{s}.items", f"{s}.trunc", f"{s}.log", f"{s}.full_ri"
-    from tests.integration.test_producer_harness import sql
+    from tests.support.producer_harness import sql
 
     sql(pg_dsn, f"CREATE SCHEMA {s}",
         f"CREATE TYPE {s}.mood AS ENUM ('sad', 'ok', 'happy')",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_producer_harness import (
+from tests.support.producer_harness import (
     ProducerProcess,
     Record,
     Source,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.test_producer_harness import (
+from tests.support.producer_harness import (
     ProducerProcess,
     Source,
     TopicReader,
