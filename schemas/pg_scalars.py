@@ -21,7 +21,8 @@ from psycopg.pq import Format
 _TX: Final = Transformer()
 _load_numeric_binary = _TX.get_loader(builtin_types["numeric"].oid, Format.BINARY).load
 
-_NUMERIC_SPECIALS: Final = {b"NaN": "NaN", b"Infinity": "Infinity", b"-Infinity": "-Infinity"}
+# Text forms of the non-finite numerics (also refused by the compiled encoders' inlined path).
+NUMERIC_SPECIALS: Final = {b"NaN": "NaN", b"Infinity": "Infinity", b"-Infinity": "-Infinity"}
 
 
 def bool_text(data: bytes) -> bool:
@@ -111,7 +112,7 @@ def numeric_bounded_text(scale: int) -> Callable[[bytes], bytes | tuple[str, str
     """numeric(p,s) text -> Avro decimal bytes; NaN/+-Infinity -> the union's string branch."""
 
     def convert(data: bytes) -> bytes | tuple[str, str]:
-        special = _NUMERIC_SPECIALS.get(data)
+        special = NUMERIC_SPECIALS.get(data)
         if special is not None:
             return ("string", special)
         whole, _, frac = data.partition(b".")

@@ -296,7 +296,7 @@ class _Source:
             "_unpack_f32": _unpack_f32,
             "_pack_float": _pack_float,
             # the converter's own table: the inlined numeric path must refuse exactly its specials
-            "_NUMERIC_SPECIALS": pg_scalars._NUMERIC_SPECIALS,
+            "_NUMERIC_SPECIALS": pg_scalars.NUMERIC_SPECIALS,
         }
 
     def const(self, name: str, value: Any) -> str:
