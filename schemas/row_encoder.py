@@ -468,6 +468,13 @@ def _emit_value(
         src.emit(ind, "a(r)")
 
 
+def _emit_wire_slice(src: _Source) -> None:
+    """A 't'/'b' TupleData value: its 32-bit length after the kind byte, then the bytes (as d)."""
+    src.emit(3, "s = pos + 5")
+    src.emit(3, "pos = s + _unpack_u32_from(buf, pos + 1)[0]")
+    src.emit(3, "d = buf[s:pos]")
+
+
 def _compile(
     name: str,
     table: str,
@@ -526,17 +533,13 @@ def _compile(
             # position other than the message's end (checked by the caller).
             src.emit(2, "k = buf[pos]")
             src.emit(2, "if k == 116:")
-            src.emit(3, "s = pos + 5")
-            src.emit(3, "pos = s + _unpack_u32_from(buf, pos + 1)[0]")
-            src.emit(3, "d = buf[s:pos]")
+            _emit_wire_slice(src)
             _emit_value(src, position, "t", mapping, union, write)
             src.emit(2, "elif k == 110:")
             src.emit(3, "pos += 1")
             src.emit(3, "a(b'\\x00')")
             src.emit(2, "elif k == 98:")
-            src.emit(3, "s = pos + 5")
-            src.emit(3, "pos = s + _unpack_u32_from(buf, pos + 1)[0]")
-            src.emit(3, "d = buf[s:pos]")
+            _emit_wire_slice(src)
             _emit_value(src, position, "b", mapping, union, write)
             if not (key or position in fused_key):
                 src.emit(2, "elif k == 117:")
