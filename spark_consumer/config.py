@@ -136,8 +136,17 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ValueError("not a boolean (use true/false)")
+
+
 _PARSE_ENV: Final[dict[str, Callable[[str], Any]]] = {
-    "available_now": lambda raw: _flag(raw),
+    "available_now": _flag,
     "max_pending_age_s": float,
     "max_pending_records": int,
     "max_offsets_per_trigger": int,
@@ -166,15 +175,6 @@ def _merged(ns: argparse.Namespace, env: Mapping[str, str], names: Mapping[str, 
             raise ConfigError(f"--{dest.replace('_', '-')} and {var} disagree ({shown}); set one")
         out[dest] = flag if flag is not None else from_env
     return out
-
-
-def _flag(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise ValueError("not a boolean (use true/false)")
 
 
 def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
