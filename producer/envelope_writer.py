@@ -63,7 +63,9 @@ def _check_layout(envelope: Schema) -> Schema:
 class TableEnvelopeWriter:
     """Encodes one table's envelopes (Confluent header included) under a registered schema id."""
 
-    __slots__ = ("_header", "_mid", "_ops", "_source_head", "_source_mid", "_ts", "_ts_ms", "_tx")
+    __slots__ = (
+        "_header", "_images", "_mid", "_ops", "_source_head", "_source_mid", "_ts", "_ts_ms", "_tx"
+    )  # fmt: skip
 
     def __init__(
         self, envelope: Schema, schema_id: int, *, version: str, prefix: str, db: str,
@@ -87,11 +89,14 @@ class TableEnvelopeWriter:
         self._ops: dict[str, bytes] = {}  # op -> commit_lsn, xmin, op (for self._tx)
         self._ts_ms: int | None = None  # the last ts_ms, and its encoding in self._ts
         self._ts = b""
+        # op -> encode_image's pieces for self._tx and self._ts_ms (cleared when either changes)
+        self._images: dict[str, tuple[bytes, bytes, bytes]] = {}
 
     def _enter(self, tx: TransactionBytes) -> None:
         self._tx = tx
         self._mid = self._source_head + tx.ts_ms + self._source_mid + tx.tx_id
         self._ops = {}
+        self._images = {}
 
     def encode(
         self,
@@ -111,6 +116,7 @@ class TableEnvelopeWriter:
         if ts_ms != self._ts_ms:  # the same millisecond for many events in a row
             self._ts_ms = ts_ms
             self._ts = _SECOND + long_bytes(ts_ms)
+            self._images = {}
         tail = self._ops.get(op)
         if tail is None:
             tail = self._ops[op] = tx.commit_lsn + _NULL + string_bytes(op)
@@ -137,6 +143,65 @@ class TableEnvelopeWriter:
                 toast,
             )
         )
+
+    def encode_image(
+        self,
+        op: str,
+        row: bytes,
+        tx: TransactionBytes,
+        lsn: int,
+        ts_ms: int,
+        total_order: int,
+        data_collection_order: int,
+        unchanged_toast: list[str],
+    ) -> bytes:
+        """``encode`` of an event with one row image, byte for byte: ``row`` is ``before``
+        for "d" and ``after`` otherwise. The producer's fast path (inserts, updates with an
+        unchanged key, deletes): the parts that only change with the transaction, the op or
+        the millisecond are joined once into three pieces (``_image_pieces``), so an event is
+        one join of eight parts instead of eleven, with fewer tests."""
+        if tx is not self._tx:
+            self._enter(tx)
+        if ts_ms != self._ts_ms:
+            self._ts_ms = ts_ms
+            self._ts = _SECOND + long_bytes(ts_ms)
+            self._images = {}
+        pieces = self._images.get(op)
+        if pieces is None:
+            pieces = self._image_pieces(op, tx)
+        lead, mid, post = pieces
+        return b"".join(
+            (
+                lead,
+                row,
+                mid,
+                long_bytes(lsn),
+                post,
+                _SMALL[total_order] if total_order < 8192 else long_bytes(total_order),
+                _SMALL[data_collection_order]
+                if data_collection_order < 8192
+                else long_bytes(data_collection_order),
+                b"".join(
+                    [long_bytes(len(unchanged_toast)), *map(string_bytes, unchanged_toast), b"\x00"]
+                )
+                if unchanged_toast
+                else _EMPTY_ARRAY,
+            )
+        )
+
+    def _image_pieces(self, op: str, tx: TransactionBytes) -> tuple[bytes, bytes, bytes]:
+        """(header + the union branches up to the row, the fields after the row up to the
+        ``lsn`` union branch, the fields after the lsn up to the transaction block's id) for
+        the current transaction and millisecond: ``encode``'s parts, joined."""
+        tail = self._ops.get(op)
+        if tail is None:
+            tail = self._ops[op] = tx.commit_lsn + _NULL + string_bytes(op)
+        if op == "d":  # before = the row, after = null
+            lead, mid = self._header + _SECOND, _NULL + self._mid + _SECOND
+        else:  # before = null, after = the row
+            lead, mid = self._header + _NULL + _SECOND, self._mid + _SECOND
+        pieces = self._images[op] = (lead, mid, tail + self._ts + tx.block_head)
+        return pieces
 
 
 class TransactionBytes:

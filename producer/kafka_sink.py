@@ -113,8 +113,9 @@ class KafkaSink:
 
     @property
     def raw_produce(self) -> Callable[..., None]:
-        """confluent-kafka's ``Producer.produce`` (``topic, value, key, on_delivery=``) for a
-        hot loop; it raises BufferError when the local queue is full: call ``wait_for_room``."""
+        """confluent-kafka's ``Producer.produce`` for a hot loop, called positionally
+        (``topic, value, key, partition, on_delivery``; partition -1 = the partitioner); it
+        raises BufferError when the local queue is full: call ``wait_for_room``."""
         produce: Callable[..., None] = self._producer.produce
         return produce
 

@@ -143,3 +143,66 @@ def test_unknown_layout_is_refused() -> None:
     bad["fields"] = bad["fields"][1:]
     with pytest.raises(ValueError, match="unexpected envelope fields"):
         TableEnvelopeWriter(bad, 1, version="v", prefix="p", db="d", schema="s", table="t")
+
+
+# --- encode_image: the fast path's one-image form of encode ------------------------------------
+
+IMAGE_OPS = st.sampled_from(["c", "u", "d"])
+TOAST_NAMES = st.lists(st.sampled_from(["name", "tags", "ä"]), max_size=3)
+
+
+def image_args(op: str, row: bytes, *rest: Any) -> tuple[Any, ...]:
+    """encode's arguments for the event encode_image(op, row, ...) stands for."""
+    before, after = (row, None) if op == "d" else (None, row)
+    return (op, before, after, *rest)
+
+
+@given(
+    IMAGE_OPS, st.binary(max_size=40), st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1),
+    st.integers(-(2**62), 2**62), st.integers(0, 2**63 - 1), st.integers(-(2**62), 2**62),
+    st.integers(1, 2**40), st.integers(1, 2**40), TOAST_NAMES,
+)  # fmt: skip
+def test_encode_image_is_encode(
+    op: str, row: bytes, xid: int, commit_lsn: int, commit_ts: int, lsn: int, ts: int,
+    total: int, dco: int, toast: list[str],
+) -> None:  # fmt: skip
+    tx = TransactionBytes(xid, commit_lsn, commit_ts, f"{xid}:{commit_lsn}")
+    fast = new_writer().encode_image(op, row, tx, lsn, ts, total, dco, list(toast))
+    careful = new_writer().encode(*image_args(op, row, tx, lsn, ts, total, dco, list(toast)))
+    assert fast == careful
+
+
+@given(
+    st.lists(
+        st.tuples(IMAGE_OPS, st.booleans(), st.integers(0, 3), st.integers(0, 2), TOAST_NAMES),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_encode_image_and_encode_interleaved_on_one_writer(
+    events: list[tuple[str, bool, int, int, list[str]]],
+) -> None:
+    """Both methods share the writer's per-transaction, per-op and per-millisecond caches: any
+    interleaving, across transactions and milliseconds, gives what a fresh writer gives."""
+    shared = new_writer()
+    txs = [TransactionBytes(x, 1000 * x, 7 * x, f"{x}:{1000 * x}") for x in range(4)]
+    for n, (op, fast, tx_index, ms, toast) in enumerate(events, start=1):
+        row = bytes([n % 256]) * (n % 5)
+        rest = (txs[tx_index], 5000 + n, 1_700_000_000_000 + ms, n, n, toast)
+        expected = new_writer().encode(*image_args(op, row, *rest))
+        if fast:
+            assert shared.encode_image(op, row, *rest) == expected
+        else:
+            assert shared.encode(*image_args(op, row, *rest)) == expected
+
+
+def test_encode_image_matches_fastavro() -> None:
+    body = row_body(ROW)
+    assert body is not None
+    tx = TransactionBytes(123456, 2**40 + 5, 1_700_000_000_123, f"123456:{2**40 + 5}")
+    for op in ("c", "u", "d"):
+        before, after = (ROW, None) if op == "d" else (None, ROW)
+        args = (op, before, after, 123456, 2**40 + 5, 1_700_000_000_123, 2**40 + 1,
+                1_700_000_000_999, 3, 2, ["name"])  # fmt: skip
+        fast = new_writer().encode_image(op, body, tx, 2**40 + 1, 1_700_000_000_999, 3, 2, ["name"])
+        assert fast == reference(*copy.deepcopy(args))

@@ -12,6 +12,7 @@ import pytest
 from producer.config import load_config
 from producer.delivery import Ticket
 from producer.envelope_writer import TableEnvelopeWriter
+from producer.errors import StreamStateError
 from producer.events import TableShape
 from producer.pgoutput import (
     UNCHANGED_TOAST,
@@ -26,6 +27,7 @@ from producer.pgoutput import (
 from producer.pipeline import Pipeline
 from producer.tables import TableRoute, wire_row_key_encoder
 from producer.transactions import Transaction
+from schemas.envelope import transaction_key_schema, transaction_metadata_schema
 from schemas.relation import build_relation_codec
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder, header
@@ -71,11 +73,17 @@ def route_for(identity: str, key: tuple[str, ...]) -> TableRoute:
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self.produced: list[tuple[str, bytes, bytes | None]] = []
+    """Stands in for confluent-kafka's ``Producer.produce``, called positionally as the
+    pipeline does: (topic, value, key, partition, on_delivery)."""
 
-    def __call__(self, topic: str, value: bytes, key: bytes | None, on_delivery: Any) -> None:
-        self.produced.append((topic, value, key))
+    def __init__(self) -> None:
+        self.produced: list[tuple[str, bytes, bytes | None, int]] = []
+
+    def __call__(
+        self, topic: str, value: bytes, key: bytes | None, partition: int, on_delivery: Any
+    ) -> None:
+        assert callable(on_delivery)
+        self.produced.append((topic, value, key, partition))
 
 
 def pipeline_with(route: TableRoute, monkeypatch: pytest.MonkeyPatch) -> tuple[Pipeline, Recorder]:
@@ -87,6 +95,7 @@ def pipeline_with(route: TableRoute, monkeypatch: pytest.MonkeyPatch) -> tuple[P
     pipeline._tx = Transaction(77, 0x1000, 0)
     pipeline._tx.event_count = 1  # markers are not this test's business
     pipeline._ticket = Ticket(0x1000)
+    pipeline._callback = lambda error, message: None
     return pipeline, recorder
 
 
@@ -167,3 +176,52 @@ def test_fast_path_steps_aside_for_malformed_payloads_and_skipped_transactions(
     assert recorder.produced == []
     assert pipeline._fast_dml(good, good[0], 0x900) is True
     assert len(recorder.produced) == 1
+
+
+def with_markers(pipeline: Pipeline) -> Pipeline:
+    """A fresh transaction (no event yet: the first event brings its BEGIN marker)."""
+    pipeline.tx_topic = "db.transaction"
+    pipeline.tx_key = AvroEncoder(transaction_key_schema(), 5)
+    pipeline.tx_value = AvroEncoder(transaction_metadata_schema(), 6)
+    pipeline._tx = Transaction(78, 0x2000, 0)
+    return pipeline
+
+
+def test_fast_path_matches_the_careful_path_over_a_whole_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From the first event (BEGIN marker first) over mixed ops: same records in the same
+    order, same transaction counts and the same number of outstanding deliveries."""
+    messages = [
+        Insert(None, REL, row(1, "a", "x", "1.50")),
+        Update(None, REL, None, None, row(1, "b", UNCHANGED_TOAST, "2.00")),
+        Insert(None, REL, row(2, None, "é", None)),
+        Delete(None, REL, "K", row(1, None, None, None)),
+    ]
+    fast, fast_out = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    slow, slow_out = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    with_markers(fast)
+    with_markers(slow)
+    for n, message in enumerate(messages):
+        payload = encode(message)
+        assert fast._fast_dml(payload, payload[0], 0x2100 + n) is True
+        careful(slow, payload, 0x2100 + n)
+    assert fast_out.produced[0][0] == "db.transaction"  # the BEGIN marker comes first
+    assert len(fast_out.produced) == len(messages) + 1
+    assert fast_out.produced == slow_out.produced
+    assert fast._tx is not None and slow._tx is not None
+    assert (fast._tx.event_count, fast._tx.collections) == (4, {"public.t": 4})
+    assert (slow._tx.event_count, slow._tx.collections) == (4, {"public.t": 4})
+    assert fast._ticket is not None and slow._ticket is not None
+    assert fast._ticket.outstanding == slow._ticket.outstanding == 5
+
+
+def test_fast_path_steps_aside_outside_a_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No transaction open: nothing produced, and the careful path raises the precise error."""
+    pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    pipeline._tx = None
+    payload = encode(Insert(None, REL, row(1, "a", "x", "1")))
+    assert pipeline._fast_dml(payload, payload[0], 0x900) is False
+    assert recorder.produced == []
+    with pytest.raises(StreamStateError, match="outside a transaction"):
+        careful(pipeline, payload, 0x900)
