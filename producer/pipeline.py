@@ -18,9 +18,10 @@ import signal
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from types import FrameType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import KafkaException
 
@@ -75,9 +76,11 @@ from schemas.envelope import (
     transaction_key_schema,
     transaction_metadata_schema,
 )
-from schemas.registry import RegistryConfig, SchemaRegistry, key_subject, value_subject
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder
+
+if TYPE_CHECKING:
+    from schemas.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -149,72 +152,72 @@ class Pipeline:
     # --- set-up ------------------------------------------------------------------------------
 
     def setup(self) -> None:
+        """Connections, slot, fixed topics and schemas. Independent steps overlap (start-up is
+        part of every restart's catch-up): the registry client's import (about a third of
+        the producer's imports) runs in a thread while PostgreSQL is set up, and the fixed
+        topics are created in a thread while the fixed schemas are registered. Registry
+        calls stay on this thread (their retries call ``_keep_alive``); every thread's
+        failure is raised here, before anything is streamed."""
         cfg = self.config
-        self.registry = SchemaRegistry(
-            # Subject levels belong to the operator (and the registry's global default): setting
-            # them here on every start would undo the override that resolves a refused change.
-            RegistryConfig(
-                url=cfg.schema_registry_url,
-                max_attempts=cfg.registry_max_attempts,
-                manage_compatibility=False,
-            ),
-            on_call=lambda op, _subject: self.metrics.registry_calls.labels(op).inc(),
-            on_retry=self._on_registry_retry,
-        )
-        if cfg.metrics_port:
-            self._http = HealthServer(
-                cfg.metrics_host, cfg.metrics_port, self.health, self.metrics.registry
+        with ThreadPoolExecutor(2, thread_name_prefix="walbridge-setup") as pool:
+            registry = pool.submit(self._open_registry)
+            if cfg.metrics_port:
+                self._http = HealthServer(
+                    cfg.metrics_host, cfg.metrics_port, self.health, self.metrics.registry
+                )
+                self._http.start()
+            repl = ReplicationConfig.from_mapping(
+                {
+                    "slot": cfg.slot,
+                    "publication": cfg.publication,
+                    "tables": cfg.tables,
+                    "proto_version": 1,
+                    "messages": cfg.messages,
+                    "status_interval": cfg.status_interval_s,
+                    "application_name": "walbridge_producer",
+                }
             )
-            self._http.start()
-        repl = ReplicationConfig.from_mapping(
-            {
-                "slot": cfg.slot,
-                "publication": cfg.publication,
-                "tables": cfg.tables,
-                "proto_version": 1,
-                "messages": cfg.messages,
-                "status_interval": cfg.status_interval_s,
-                "application_name": "walbridge_producer",
-            }
-        )
-        self.client = ReplicationClient(cfg.pg_dsn, repl, on_reconnect=self._on_reconnect)
-        identity = self.client.open()
-        self.db = identity.dbname
-        self.prefix = cfg.topic_prefix or identity.dbname
-        self.client.ensure_publication()
-        slot = self.client.ensure_slot()
-        log.info(
-            "slot ready",
-            extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": self.prefix},
-        )
-        from confluent_kafka.admin import AdminClient
+            self.client = ReplicationClient(cfg.pg_dsn, repl, on_reconnect=self._on_reconnect)
+            identity = self.client.open()
+            self.db = identity.dbname
+            self.prefix = cfg.topic_prefix or identity.dbname
+            self.client.ensure_publication()
+            slot = self.client.ensure_slot()
+            log.info(
+                "slot ready",
+                extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": self.prefix},
+            )
+            # The Kafka producer first: it connects and gets its idempotent producer id in
+            # librdkafka's threads while the rest is set up.
+            self.sink = KafkaSink(
+                producer_settings(cfg),
+                self.tracker,
+                self.prefix,
+                on_delivery_error=lambda topic: self.metrics.delivery_errors.labels(topic).inc(),
+            )
+            # confluent-kafka's produce itself, bound once: the hot path skips the sink's
+            # wrapper (a full queue is still handled by the sink, see _produce).
+            self._kafka_produce = self.sink.raw_produce
+            from confluent_kafka.admin import AdminClient
 
-        extra = cfg.librdkafka_extra()
-        self.topics = TopicManager(
-            AdminClient({**extra, "bootstrap.servers": cfg.kafka_bootstrap}),
-            TopicPolicy(
-                cfg.create_topics,
-                cfg.topic_partitions,
-                cfg.topic_replication_factor,
-                cfg.topic_retention_ms,
-            ),
-        )
-        self.tx_topic = transaction_topic(self.prefix)
-        self.hb_topic = heartbeat_topic(self.prefix)
-        self.msg_topic = message_topic(self.prefix)
-        self.topics.ensure([self.tx_topic], single_partition=True)
-        self.topics.ensure([self.hb_topic] + ([self.msg_topic] if cfg.messages else []))
-        self._register_fixed_schemas()
-        self.sink = KafkaSink(
-            producer_settings(cfg),
-            self.tracker,
-            self.prefix,
-            on_delivery_error=lambda topic: self.metrics.delivery_errors.labels(topic).inc(),
-        )
-        # confluent-kafka's produce itself, bound once: the hot path skips the sink's wrapper
-        # (a full queue is still handled by the sink, see _produce).
-        self._kafka_produce = self.sink.raw_produce
-        self.sql = SqlSession(cfg.pg_dsn, "walbridge_catalog")
+            extra = cfg.librdkafka_extra()
+            self.topics = TopicManager(
+                AdminClient({**extra, "bootstrap.servers": cfg.kafka_bootstrap}),
+                TopicPolicy(
+                    cfg.create_topics,
+                    cfg.topic_partitions,
+                    cfg.topic_replication_factor,
+                    cfg.topic_retention_ms,
+                ),
+            )
+            self.tx_topic = transaction_topic(self.prefix)
+            self.hb_topic = heartbeat_topic(self.prefix)
+            self.msg_topic = message_topic(self.prefix)
+            self.sql = SqlSession(cfg.pg_dsn, "walbridge_catalog")
+            fixed_topics = pool.submit(self._ensure_fixed_topics)
+            self.registry = registry.result()
+            self._register_fixed_schemas()
+            fixed_topics.result()
         self.catalog = TypeCatalog()
         self.tables = TableRoutes(
             prefix=self.prefix,
@@ -229,7 +232,33 @@ class Pipeline:
         self._lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, self.metrics)
         self._lag.start()
 
+    def _open_registry(self) -> SchemaRegistry:
+        """Imported here, not at module level: confluent-kafka's registry client pulls in
+        httpx and authlib (0.15-0.3 s), which ``setup`` overlaps with PostgreSQL's set-up."""
+        from schemas.registry import RegistryConfig, SchemaRegistry
+
+        return SchemaRegistry(
+            # Subject levels belong to the operator (and the registry's global default): setting
+            # them here on every start would undo the override that resolves a refused change.
+            RegistryConfig(
+                url=self.config.schema_registry_url,
+                max_attempts=self.config.registry_max_attempts,
+                manage_compatibility=False,
+            ),
+            on_call=lambda op, _subject: self.metrics.registry_calls.labels(op).inc(),
+            on_retry=self._on_registry_retry,
+        )
+
+    def _ensure_fixed_topics(self) -> None:
+        """The transaction, heartbeat and message topics; also opens the catalog session, so
+        the first Relation's type look-up finds it connected."""
+        self.topics.ensure([self.tx_topic], single_partition=True)
+        self.topics.ensure([self.hb_topic] + ([self.msg_topic] if self.config.messages else []))
+        self.sql.run(lambda _conn: None)
+
     def _register_fixed_schemas(self) -> None:
+        from schemas.registry import key_subject, value_subject
+
         reg = self.registry
         self.tx_key = AvroEncoder(
             transaction_key_schema(),

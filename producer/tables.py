@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -18,11 +18,13 @@ from producer.sql_session import SqlSession
 from producer.topics import TopicManager, table_topic
 from schemas.catalog import ensure_types
 from schemas.envelope import Schema
-from schemas.registry import SchemaRegistry
 from schemas.relation import RelationCodec, UnmappedColumnLog, build_relation_codec
 from schemas.row_encoder import WireRowKeyEncoder, wire_encoder
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder, header
+
+if TYPE_CHECKING:  # imported by the pipeline in a thread at start-up (it is slow to import)
+    from schemas.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
