@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from schemas.avro_binary import _LAST, _MID, long_bytes, string_bytes
 from schemas.avro_binary import SMALL_LONGS as _SMALL
-from schemas.avro_binary import long_bytes, string_bytes
 from schemas.envelope import Schema
 from schemas.wire import header
 
@@ -170,12 +170,17 @@ class TableEnvelopeWriter:
         if pieces is None:
             pieces = self._image_pieces(op, tx)
         lead, mid, post = pieces
+        n = lsn << 1  # zig-zag of a non-negative long
         return b"".join(
             (
                 lead,
                 row,
                 mid,
-                long_bytes(lsn),
+                # long_bytes(lsn) inlined for LSNs of 2**27 to 2**41 (128 MiB to 2 TiB of WAL:
+                # three 14-bit table pieces), a call less per event
+                _MID[n & 0x3FFF] + _MID[(n >> 14) & 0x3FFF] + _LAST[n >> 28]
+                if 0x10000000 <= n < 0x40000000000
+                else long_bytes(lsn),
                 post,
                 _SMALL[total_order] if total_order < 8192 else long_bytes(total_order),
                 _SMALL[data_collection_order]

@@ -206,3 +206,16 @@ def test_encode_image_matches_fastavro() -> None:
                 1_700_000_000_999, 3, 2, ["name"])  # fmt: skip
         fast = new_writer().encode_image(op, body, tx, 2**40 + 1, 1_700_000_000_999, 3, 2, ["name"])
         assert fast == reference(*copy.deepcopy(args))
+
+
+@pytest.mark.parametrize(
+    "lsn",
+    [0, 1, 2**13 - 1, 2**13, 2**27 - 1, 2**27, 2**27 + 1, 2**33 + 12345, 2**41 - 1, 2**41,
+     2**41 + 1, 2**63 - 1],
+)  # fmt: skip
+def test_encode_image_lsn_around_the_inlined_range(lsn: int) -> None:
+    tx = TransactionBytes(9, 2**35, 1_700_000_000_000, f"9:{2**35}")
+    for op in ("c", "d"):
+        fast = new_writer().encode_image(op, b"row", tx, lsn, 5, 1, 1, [])
+        assert fast == new_writer().encode(*image_args(op, b"row", tx, lsn, 5, 1, 1, []))
+        assert long_bytes(lsn) in fast
