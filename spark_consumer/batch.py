@@ -40,6 +40,12 @@ log = logging.getLogger("walbridge.consumer")
 
 COORDS = ["topic", "partition", "offset"]
 
+# The batch's caches (raw rows, decoded tables, markers) keep Spark's columnar batches as JVM
+# objects, spilling to disk under memory pressure. PySpark's MEMORY_AND_DISK is the
+# *serialized* level: every later scan of the cache deserializes it again. On a warm JVM, a
+# 1M-insert batch took 17.6 s (27 s of JVM CPU) with it and 14.5 s (22 s) with this one.
+_CACHE = StorageLevel.MEMORY_AND_DISK_DESER
+
 
 @dataclass(frozen=True)
 class BatchReport:
@@ -120,7 +126,7 @@ class BatchProcessor:
                      batch_id, before.batch_id)
             return BatchReport(batch_id, skipped=True, commit_lsn=before.commit_lsn)
         now_ms = self.clock_ms()
-        framed = self._framed(batch, before, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
+        framed = self._framed(batch, before, now_ms).persist(_CACHE)
         persisted: list[DataFrame] = [framed]
         try:
             after, report = self._process(framed, persisted, batch_id, before, now_ms)
@@ -221,7 +227,7 @@ class BatchProcessor:
         if not first:
             return 0
         if self.config.quarantine_path:
-            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            rows = rows.persist(_CACHE)
             try:
                 n = rows.count()
                 quarantine.write(rows, self.config.quarantine_path, batch_id)
@@ -255,7 +261,7 @@ class BatchProcessor:
                     fields, self.conversions, key or ()))
                 columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
             df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
-            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            df = df.persist(_CACHE)
             persisted.append(df)
             out[info.topic] = _Table(info, df, tuple(columns), key, unique)
         return out
@@ -269,7 +275,7 @@ class BatchProcessor:
                   for vid in marker_ids]
         df = (reduce(DataFrame.unionByName, frames) if frames
               else self.spark.createDataFrame([], _MARKER_SCHEMA))
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        df = df.persist(_CACHE)
         persisted.append(df)
         return df
 

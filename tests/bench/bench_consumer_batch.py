@@ -25,12 +25,14 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_consumer.batch import BatchProcessor
@@ -128,12 +130,34 @@ def kafka_frame(spark: SparkSession, rows: list[tuple[object, ...]], where: str)
     Path(where).mkdir(parents=True)
     half = (len(rows) + 1) // 2
     for i, part in enumerate((rows[:half], rows[half:])):  # two files: two partitions
-        columns = list(zip(*part, strict=True)) if part else [[] for _ in names]
+        columns = list(zip(*part, strict=True)) if part else [() for _ in names]
         pq.write_table(pa.table(dict(zip(names, columns, strict=True)), schema=schema),
                        f"{where}/part-{i}.parquet")
     frame = spark.read.schema(KAFKA_SCHEMA).parquet(where).persist()
     frame.count()
     return frame
+
+
+def baseline_append(big: DataFrame, specs: tuple[TableSpec, ...],
+                    client: SchemaRegistryClient, where: str) -> None:
+    """The baseline: decode the same rows the same way and append them to fresh Delta tables."""
+    from pyspark.sql import functions as F
+
+    from spark_consumer.conversions import DEFAULT_CONVERSIONS
+    from spark_consumer.decode import table_events, with_envelope_from_avro
+    from spark_consumer.envelope import row_fields
+    from spark_consumer.framing import schema_id_col
+
+    schemas = WriterSchemas(client)
+    for spec in specs:
+        part = big.filter(F.col("topic") == spec.topic("bench")).withColumn("_first_seen", F.lit(0))
+        first = part.select(schema_id_col(F.col("value")).alias("v")).first()
+        assert first is not None, f"no rows of {spec.topic('bench')}"
+        vid = first["v"]
+        events = table_events(with_envelope_from_avro(part, schemas.text(vid)),
+                              row_fields(schemas.parsed(vid)), DEFAULT_CONVERSIONS)
+        events.drop("_unchanged_toast").write.format("delta").mode("append").save(
+            f"{where}/{spec.table}")
 
 
 def main() -> None:
@@ -143,6 +167,8 @@ def main() -> None:
     ap.add_argument("--workload", choices=("inserts", "mixed"), default="inserts")
     ap.add_argument("--preload", type=int, default=100_000,
                     help="mixed: rows inserted by an earlier batch, updated by the large one")
+    ap.add_argument("--warmup", type=int, default=100_000,
+                    help="changes of an untimed batch (consumer and baseline) that warms the JVM")
     args = ap.parse_args()
 
     spark = build_session("bench-consumer-batch", shuffle_partitions=2)
@@ -170,13 +196,26 @@ def main() -> None:
                   f"median {sorted(small)[len(small) // 2]:.1f} s (first includes table creation)")
 
         batch_id = args.small_batches
+        specs: tuple[TableSpec, ...] = (ACCOUNTS, SAVINGS) if args.workload == "inserts" else (ROWS,)
+        if args.warmup:
+            # A long-running job's JVM has compiled its hot paths; a cold one spends the first
+            # seconds in the interpreter and JIT. Both sides get the same untimed warm-up.
+            wcfg = replace(cfg, lake_path=f"{tmp}/warm-lake", checkpoint_path=f"{tmp}/warm-cp")
+            if args.workload == "inserts":
+                warm = transactions(writer, 10**8, max(1, args.warmup // 100), 100, 10**9)
+            else:
+                warm, _ = mixed_transactions(writer, 10**8, max(1, args.warmup // 1000), 0, 0)
+            frame = kafka_frame(spark, log.rows(warm), f"{tmp}/warm-batch")
+            t0 = time.perf_counter()
+            BatchProcessor(spark, wcfg, WriterSchemas(client)).process(frame, 0)
+            baseline_append(frame, specs, client, f"{tmp}/warm-append")
+            print(f"  warm-up ({args.warmup} changes, consumer and baseline, untimed): "
+                  f"{time.perf_counter() - t0:.1f} s")
         if args.workload == "inserts":
-            specs = (ACCOUNTS, SAVINGS)
             n_tx = max(1, args.large // 100)
             recs = transactions(writer, xid, n_tx, 100, 10**9)
             changes = n_tx * 100
         else:
-            specs = (ROWS,)
             lake_keys = 0
             if args.preload:
                 pre, lake_keys = mixed_transactions(writer, xid, max(1, args.preload // 1000),
@@ -196,25 +235,8 @@ def main() -> None:
         report = proc.process(big, batch_id)
         merge_s = time.perf_counter() - t0
         print(f"  large batch steps: {report.steps}")
-
-        # Baseline: decode the same rows the same way and append them to a fresh Delta table.
-        from pyspark.sql import functions as F
-
-        from spark_consumer.conversions import DEFAULT_CONVERSIONS
-        from spark_consumer.decode import table_events, with_envelope_from_avro
-        from spark_consumer.envelope import row_fields
-        from spark_consumer.framing import schema_id_col
-
         t0 = time.perf_counter()
-        for spec in specs:
-            topic = spec.topic("bench")
-            part = big.filter(F.col("topic") == topic).withColumn("_first_seen", F.lit(0))
-            vid = part.select(schema_id_col(F.col("value")).alias("v")).first()["v"]
-            text = WriterSchemas(client).text(vid)
-            fields = row_fields(WriterSchemas(client).parsed(vid))
-            ev = table_events(with_envelope_from_avro(part, text), fields, DEFAULT_CONVERSIONS)
-            ev.drop("_unchanged_toast").write.format("delta").mode("append").save(
-                f"{tmp}/append/{spec.table}")
+        baseline_append(big, specs, client, f"{tmp}/append")
         append_s = time.perf_counter() - t0
         print(f"large batch ({args.workload}): {changes} changes in {n_tx} tx: consumer {merge_s:.1f} s "
               f"({changes / merge_s:,.0f} changes/s); plain decode+append {append_s:.1f} s "
