@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
@@ -31,7 +33,10 @@ from spark_consumer import envelope as E
 from spark_consumer.errors import ApplyError
 from spark_consumer.key_moves import resolve_moved_toast
 
-KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
+KEY_PROPERTY = "walbridge.key"
+# The producer's Avro field names (sanitized PostgreSQL names) and this module's derived names
+# all match this, so they can stand inside the backticks of the SQL snippets MERGE needs.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # table property: comma-separated key columns ('' = append-only)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,21 @@ class TableChanges:
     @property
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
+
+
+def check_names(table: str, names: Iterable[str]) -> None:
+    """Stop on a column name that could break out of a quoted SQL identifier or literal: only
+    a hand-altered Delta table or a foreign writer schema can bring one."""
+    for name in names:
+        if not _PLAIN_NAME.fullmatch(name):
+            raise ApplyError(f"table {table}: column name {name!r} is not a plain Avro name "
+                             "([A-Za-z_][A-Za-z0-9_]*); refusing to put it into a MERGE")
+
+
+def _target_columns(table: DeltaTable, tc: TableChanges) -> list[str]:
+    cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    check_names(tc.name, cols)
+    return cols
 
 
 def _sql_path(path: str) -> str:
@@ -206,7 +226,7 @@ def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[s
 
 def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     table = ensure_table(spark, tc)
-    target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    target_cols = _target_columns(table, tc)
     if inserts_only_applies(tc):
         _inserts_only_apply(table, tc, target_cols)
         return
@@ -274,7 +294,7 @@ def _check_toast_targets(table: DeltaTable, source: DataFrame, tc: TableChanges,
 def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
     """Tables without a key: every change is a row; (commit_lsn, total_order) dedups replays."""
     table = ensure_table(spark, tc)
-    target_cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    target_cols = _target_columns(table, tc)
     changes = tc.changes
     point = tc.truncate
     if point is not None:
@@ -290,6 +310,7 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
 
 def apply(spark: SparkSession, tc: TableChanges) -> int:
     """Apply and return the table's Delta version afterwards."""
+    check_names(tc.name, (*tc.columns, *tc.key, *tc.toast_columns))
     if tc.key:
         apply_keyed(spark, tc)
     else:

@@ -132,3 +132,20 @@ def test_verify_diff() -> None:
     assert verify.report([d]).splitlines()[:2] == [
         "public.t: 1 missing, 1 extra, 0 different (first 20 of each)", "  missing (2,)"]
     assert verify.diff("t", pg, dict(pg)).equal
+
+
+@pytest.mark.parametrize("name", ["id", "price__text", "_from_id", "Col_9"])
+def test_merge_accepts_plain_avro_names(name: str) -> None:
+    from spark_consumer.merge import check_names
+
+    check_names("public.t", [name])
+
+
+@pytest.mark.parametrize("name", ["we`ird", "a b", "x' OR 1=1 --", "9lives", "", "col.name", "é"])
+def test_merge_refuses_a_name_that_could_leave_its_quotes(name: str) -> None:
+    from spark_consumer.errors import ApplyError
+    from spark_consumer.merge import check_names
+
+    with pytest.raises(ApplyError) as err:
+        check_names("public.t", ["id", name])
+    assert "public.t" in str(err.value) and repr(name) in str(err.value)
