@@ -10,12 +10,17 @@ Measures (local[2], mock:// registry, Delta under a temp dir):
         text, numeric(12,2), timestamptz, jsonb, bool, text[], enum), transactions of 1000
         changes: 800 inserts of new keys, 100 updates of keys already in the lake (loaded by an
         earlier batch of --preload inserts, timed apart) and 100 updates of keys inserted
-        earlier in the same batch.
+        earlier in the same batch;
+      --workload producer: the producer benchmark's 1M-change workload on the same table: half
+        the changes insert new rows in transactions of 1000, then each of those rows is updated
+        once, 1000 per transaction (all in the one large batch).
 
 Run (apply throughput of 1M changes in one batch: --small-batches 0 --large 1000000):
   .walbridge/venv/bin/python tests/bench/bench_consumer_batch.py --small-batches 5 --large 200000
   .walbridge/venv/bin/python tests/bench/bench_consumer_batch.py --small-batches 0 \
       --large 1000000 --workload mixed --preload 200000
+  .walbridge/venv/bin/python tests/bench/bench_consumer_batch.py --small-batches 0 \
+      --large 1000000 --workload producer
 """
 
 from __future__ import annotations
@@ -103,6 +108,29 @@ def mixed_transactions(writer: EventWriter, first_xid: int, count: int, first_ke
     return out, key
 
 
+def producer_transactions(writer: EventWriter, first_xid: int, changes: int,
+                          first_key: int = 0) -> list[KafkaRecord]:
+    """The producer benchmark's workload (bench_producer.py): half the changes are inserts in
+    transactions of 1000, then every inserted row is updated once, again 1000 per transaction
+    (its UPDATE changes price and active)."""
+    out: list[KafkaRecord] = []
+    rows = changes // 2
+    xid = first_xid
+    for version in (0, 1):
+        for start in range(first_key, first_key + rows, 1000):
+            tx = writer.transaction(xid, xid * 10)
+            for key in range(start, min(start + 1000, first_key + rows)):
+                row = wide_row(key, version)
+                if version:
+                    row["active"] = not row["active"]
+                    tx.update(ROWS, row)
+                else:
+                    tx.insert(ROWS, row)
+            out += tx.records()
+            xid += 1
+    return out
+
+
 def transactions(writer: EventWriter, first_xid: int, count: int, changes_per_tx: int,
                  key_space: int) -> list[KafkaRecord]:
     out: list[KafkaRecord] = []
@@ -164,7 +192,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small-batches", type=int, default=5)
     ap.add_argument("--large", type=int, default=50_000, help="changes in the large batch")
-    ap.add_argument("--workload", choices=("inserts", "mixed"), default="inserts")
+    ap.add_argument("--workload", choices=("inserts", "mixed", "producer"), default="inserts")
     ap.add_argument("--preload", type=int, default=100_000,
                     help="mixed: rows inserted by an earlier batch, updated by the large one")
     ap.add_argument("--warmup", type=int, default=100_000,
@@ -197,12 +225,15 @@ def main() -> None:
 
         batch_id = args.small_batches
         specs: tuple[TableSpec, ...] = (ACCOUNTS, SAVINGS) if args.workload == "inserts" else (ROWS,)
+        warm: list[KafkaRecord]
         if args.warmup:
             # A long-running job's JVM has compiled its hot paths; a cold one spends the first
             # seconds in the interpreter and JIT. Both sides get the same untimed warm-up.
             wcfg = replace(cfg, lake_path=f"{tmp}/warm-lake", checkpoint_path=f"{tmp}/warm-cp")
             if args.workload == "inserts":
                 warm = transactions(writer, 10**8, max(1, args.warmup // 100), 100, 10**9)
+            elif args.workload == "producer":
+                warm = producer_transactions(writer, 10**8, args.warmup)
             else:
                 warm, _ = mixed_transactions(writer, 10**8, max(1, args.warmup // 1000), 0, 0)
             frame = kafka_frame(spark, log.rows(warm), f"{tmp}/warm-batch")
@@ -215,6 +246,10 @@ def main() -> None:
             n_tx = max(1, args.large // 100)
             recs = transactions(writer, xid, n_tx, 100, 10**9)
             changes = n_tx * 100
+        elif args.workload == "producer":
+            recs = producer_transactions(writer, xid, args.large, 10**8)
+            changes = args.large // 2 * 2
+            n_tx = 2 * -(-(args.large // 2) // 1000)
         else:
             lake_keys = 0
             if args.preload:
