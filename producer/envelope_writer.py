@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from schemas.avro_binary import _LAST, _MID, long_bytes, string_bytes
 from schemas.avro_binary import SMALL_LONGS as _SMALL
+from schemas.avro_binary import VARINT_LAST as _LAST
+from schemas.avro_binary import VARINT_MID as _MID
+from schemas.avro_binary import long_bytes, string_bytes
 from schemas.envelope import Schema
 from schemas.wire import header
 

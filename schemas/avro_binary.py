@@ -30,6 +30,10 @@ def _varint_slow(n: int) -> bytes:
 # both carry the continuation bit (a varint's middle part).
 _LAST: Final = tuple(_varint_slow(n) for n in range(1 << 14))
 _MID: Final = tuple(bytes(((n & 0x7F) | 0x80, (n >> 7) | 0x80)) for n in range(1 << 14))
+# Public names of the two tables, for code that inlines a varint (generated row encoders, the
+# envelope writer's hot path).
+VARINT_LAST: Final = _LAST
+VARINT_MID: Final = _MID
 
 
 def varint(n: int) -> bytes:

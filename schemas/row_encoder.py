@@ -38,7 +38,9 @@ from typing import Any, Final
 from psycopg import Error as PsycopgError
 
 from schemas import array_encoder, pg_scalars
-from schemas.avro_binary import _LAST, _MID, bytes_bytes, long_bytes, string_bytes
+from schemas.avro_binary import VARINT_LAST as _LAST
+from schemas.avro_binary import VARINT_MID as _MID
+from schemas.avro_binary import bytes_bytes, long_bytes, string_bytes
 from schemas.errors import ConversionError
 from schemas.type_mapping import AvroMapping, AvroType, Convert, nullable
 
