@@ -100,6 +100,15 @@ class TableEnvelopeWriter:
         self._ops = {}
         self._images = {}
 
+    def _sync(self, tx: TransactionBytes, ts_ms: int) -> None:
+        """Caches for a new transaction or millisecond (many events in a row share both)."""
+        if tx is not self._tx:
+            self._enter(tx)
+        if ts_ms != self._ts_ms:
+            self._ts_ms = ts_ms
+            self._ts = _SECOND + long_bytes(ts_ms)
+            self._images = {}
+
     def encode(
         self,
         op: str,
@@ -113,12 +122,8 @@ class TableEnvelopeWriter:
         unchanged_toast: list[str],
     ) -> bytes:
         """``before``/``after``: row record bodies (``RelationCodec.encode_row``) or None."""
-        if tx is not self._tx:
-            self._enter(tx)
-        if ts_ms != self._ts_ms:  # the same millisecond for many events in a row
-            self._ts_ms = ts_ms
-            self._ts = _SECOND + long_bytes(ts_ms)
-            self._images = {}
+        if tx is not self._tx or ts_ms != self._ts_ms:
+            self._sync(tx, ts_ms)
         tail = self._ops.get(op)
         if tail is None:
             tail = self._ops[op] = tx.commit_lsn + _NULL + string_bytes(op)
@@ -162,12 +167,8 @@ class TableEnvelopeWriter:
         unchanged key, deletes): the parts that only change with the transaction, the op or
         the millisecond are joined once into three pieces (``_image_pieces``), so an event is
         one join of eight parts instead of eleven, with fewer tests."""
-        if tx is not self._tx:
-            self._enter(tx)
-        if ts_ms != self._ts_ms:
-            self._ts_ms = ts_ms
-            self._ts = _SECOND + long_bytes(ts_ms)
-            self._images = {}
+        if tx is not self._tx or ts_ms != self._ts_ms:
+            self._sync(tx, ts_ms)
         pieces = self._images.get(op)
         if pieces is None:
             pieces = self._image_pieces(op, tx)
