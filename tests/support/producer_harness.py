@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from psycopg import sql as pgsql
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -271,32 +272,35 @@ def create_counter_table(dsn: str, name: str) -> None:
     sql(dsn, f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, pad text)")
 
 
-def insert_batches(
-    dsn: str, table: str, first_id: int, n_tx: int, rows: int, pause: float = 0.0
+def _range_batches(
+    dsn: str, statement: pgsql.Composed, first_id: int, n_tx: int, rows: int, pause: float
 ) -> None:
+    """``statement`` (with the bounds of an id range as its two parameters) once per
+    transaction, over consecutive ranges of ``rows`` ids."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for i in range(n_tx):
             lo = first_id + i * rows
-            conn.execute(
-                f"INSERT INTO {table} SELECT g, 0, 'p' || g FROM generate_series(%s::int, %s::int) g",
-                (lo, lo + rows - 1),
-            )
+            conn.execute(statement, (lo, lo + rows - 1))
             if pause:
                 time.sleep(pause)
+
+
+def insert_batches(
+    dsn: str, table: str, first_id: int, n_tx: int, rows: int, pause: float = 0.0
+) -> None:
+    statement = pgsql.SQL(
+        "INSERT INTO {} SELECT g, 0, 'p' || g FROM generate_series(%s::int, %s::int) g"
+    ).format(pgsql.Identifier(table))
+    _range_batches(dsn, statement, first_id, n_tx, rows, pause)
 
 
 def update_batches(
     dsn: str, table: str, first_id: int, n_tx: int, rows: int, pause: float = 0.0
 ) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for i in range(n_tx):
-            lo = first_id + i * rows
-            conn.execute(
-                f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s::int AND %s::int",
-                (lo, lo + rows - 1),
-            )
-            if pause:
-                time.sleep(pause)
+    statement = pgsql.SQL("UPDATE {} SET v = v + 1 WHERE id BETWEEN %s::int AND %s::int").format(
+        pgsql.Identifier(table)
+    )
+    _range_batches(dsn, statement, first_id, n_tx, rows, pause)
 
 
 def verify_counter_table(records: list[Record], dsn: str, table: str, changes: int) -> int:
