@@ -71,9 +71,10 @@ def build_session(
         .config("spark.driver.memory", os.environ.get("WALBRIDGE_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.adaptive.enabled", "true")
-        # A batch's caches live for one batch and are read a few times: building compressed
-        # column batches cost more than it saved. Per 1M decoded rows of an 8-column table,
-        # 3.0 s against 4.4-5.5 s (tests/bench/bench_consumer_batch.py). They still spill.
+        # A batch's caches live for one batch and are read a few times: compressing their
+        # column batches cost more than it saved. On one warm JVM, caching 1M decoded rows of the
+        # 8-column table took 3.0 s uncompressed against 4.4-5.5 s; a whole 1M-change mixed
+        # batch 21.1-21.7 s against 22.3-24.5 s. They still spill to disk.
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
         # Delta's own defaults favour big clusters; these keep small local runs fast.
         .config("spark.databricks.delta.snapshotPartitions", "2")

@@ -182,3 +182,24 @@ def test_transaction_topic_with_several_partitions_is_refused(
     processor = BatchProcessor(spark, config, WriterSchemas.from_url(registry_url))
     with pytest.raises(ConfigError, match=rf"topic '{prefix}.transaction' has 3 partitions"):
         start(spark, config, processor)
+
+
+def test_last_change_of_a_key_wins_within_one_batch(harness: Harness) -> None:
+    """Several changes to one key in one batch (no unchanged TOAST: the window collapse), each
+    transaction also delivered twice in the same batch, as after a producer restart."""
+    acc, w = accounts(), harness.writer
+    t1 = (w.transaction(601, 6000).insert(acc, {"id": 5, "balance": Decimal("1.00"), "doc": "x"})
+          .insert(acc, {"id": 6, "balance": Decimal("4.00"), "doc": "gone"}))
+    t2 = (w.transaction(602, 7000).update(acc, {"id": 5, "balance": Decimal("2.00"), "doc": "y"})
+          .delete(acc, {"id": 6}))
+    t3 = (w.transaction(603, 8000).update(acc, {"id": 5, "balance": Decimal("3.00"), "doc": "z"})
+          .insert(acc, {"id": 6, "balance": Decimal("9.00"), "doc": "again"})
+          .insert(acc, {"id": 7, "balance": Decimal("1.00"), "doc": "new"}))
+    t4 = w.transaction(604, 9000).delete(acc, {"id": 7})
+    records = t1.records() + t2.records() + t3.records() + t4.records()
+    harness.send(records + records)
+    harness.run()
+    got = {r["id"]: (r["balance"], r["doc"], r["_commit_lsn"], r["_op"])
+           for r in harness.rows("public", "accounts")}
+    assert got == {5: (Decimal("3.00"), "z", 8000, "u"), 6: (Decimal("9.00"), "again", 8000, "c")}
+    assert harness.progress()[-1]["commit_lsn"] == 9000
