@@ -199,7 +199,7 @@ def main() -> None:
                     help="changes of an untimed batch (consumer and baseline) that warms the JVM")
     args = ap.parse_args()
 
-    spark = build_session("bench-consumer-batch", shuffle_partitions=2)
+    spark = build_session("bench-consumer-batch")
     spark.sparkContext.setLogLevel("WARN")
     client = registry_client("mock://bench-batch")
     writer = EventWriter(client, "bench")

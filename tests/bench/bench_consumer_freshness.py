@@ -66,7 +66,7 @@ def main() -> None:
     table = f"{s}.events"
     sql(dsn, f"CREATE SCHEMA {s}",
         f"CREATE TABLE {table} (id bigserial PRIMARY KEY, v int, at timestamptz DEFAULT now())")
-    spark = build_session("bench-consumer-freshness", shuffle_partitions=2)
+    spark = build_session("bench-consumer-freshness")
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -55,3 +55,8 @@ def test_kafka_batch_read_then_delta_merge(spark: SparkSession, kafka_bootstrap:
     result = {r.id: r.value for r in spark.read.format("delta").load(path).collect()}
     assert result == {**{i: f"v{i}" for i in range(10)}, 99: "untouched"}
     assert target.history().count() == 2
+
+
+def test_shuffle_partitions_default_to_the_cores(spark: SparkSession) -> None:
+    # Spark's own default is 200 whatever the cores.
+    assert int(spark.conf.get("spark.sql.shuffle.partitions")) == spark.sparkContext.defaultParallelism
