@@ -57,8 +57,9 @@ def build_session(
     """A session with Kafka, Avro and Delta; sized for a small machine unless overridden.
 
     Shuffles default to one partition per core of the master (adaptive execution still merges
-    small ones); `shuffle_partitions` or `extra_conf` can set them. On `local[2]` a 1M-change batch took 14.1-15.1 s with 2 partitions against
-    16.5-16.7 s with the former fixed 4, in interleaved runs.
+    small ones); `shuffle_partitions` or `extra_conf` can set them. On `local[2]` a 1M-change
+    batch took 14.1-15.1 s with 2 partitions against 16.5-16.7 s with the former fixed 4, in
+    interleaved runs.
     """
     ivy = walbridge_home() / "ivy2"
     # Python workers (mapInArrow, UDFs) must run this interpreter: the venv has pyarrow and
