@@ -58,5 +58,13 @@ def test_kafka_batch_read_then_delta_merge(spark: SparkSession, kafka_bootstrap:
 
 
 def test_shuffle_partitions_default_to_the_cores(spark: SparkSession) -> None:
-    # Spark's own default is 200 whatever the cores.
-    assert int(spark.conf.get("spark.sql.shuffle.partitions")) == spark.sparkContext.defaultParallelism
+    # The test session may have set its own value; build_session must replace any earlier one
+    # (Spark's own default is 200 whatever the cores).
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "7")
+    try:
+        session = build_session("walbridge-smoke")  # getOrCreate: the same session
+        assert int(session.conf.get("spark.sql.shuffle.partitions")) == (
+            session.sparkContext.defaultParallelism)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
