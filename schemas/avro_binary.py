@@ -26,34 +26,31 @@ def _varint_slow(n: int) -> bytes:
     return bytes(out)
 
 
-# _LAST[n]: the varint of n < 2**14 (1 or 2 bytes); _MID[n]: 14 bits as two groups that
-# both carry the continuation bit (a varint's middle part).
-_LAST: Final = tuple(_varint_slow(n) for n in range(1 << 14))
-_MID: Final = tuple(bytes(((n & 0x7F) | 0x80, (n >> 7) | 0x80)) for n in range(1 << 14))
-# Public names of the two tables, for code that inlines a varint (generated row encoders, the
-# envelope writer's hot path).
-VARINT_LAST: Final = _LAST
-VARINT_MID: Final = _MID
+# VARINT_LAST[n]: the varint of n < 2**14 (1 or 2 bytes); VARINT_MID[n]: 14 bits as two groups
+# that both carry the continuation bit (a varint's middle part). Public: the generated row
+# encoders and the envelope writer's hot path inline varints with them.
+VARINT_LAST: Final = tuple(_varint_slow(n) for n in range(1 << 14))
+VARINT_MID: Final = tuple(bytes(((n & 0x7F) | 0x80, (n >> 7) | 0x80)) for n in range(1 << 14))
 
 
 def varint(n: int) -> bytes:
     """Unsigned varint of 0 <= n < 2**64 (at most five table lookups, no loop)."""
     if n < 0x4000:
-        return _LAST[n]
+        return VARINT_LAST[n]
     if n < 0x10000000:
-        return _MID[n & 0x3FFF] + _LAST[n >> 14]
+        return VARINT_MID[n & 0x3FFF] + VARINT_LAST[n >> 14]
     if n < 0x40000000000:
-        return _MID[n & 0x3FFF] + _MID[(n >> 14) & 0x3FFF] + _LAST[n >> 28]
+        return VARINT_MID[n & 0x3FFF] + VARINT_MID[(n >> 14) & 0x3FFF] + VARINT_LAST[n >> 28]
     if n < 0x100000000000000:  # e.g. timestamps in microseconds
         return (
-            _MID[n & 0x3FFF] + _MID[(n >> 14) & 0x3FFF] + _MID[(n >> 28) & 0x3FFF]
-            + _LAST[n >> 42]
+            VARINT_MID[n & 0x3FFF] + VARINT_MID[(n >> 14) & 0x3FFF] + VARINT_MID[(n >> 28) & 0x3FFF]
+            + VARINT_LAST[n >> 42]
         )  # fmt: skip
     if n >> 64:
         raise OverflowError(f"{n} does not fit an Avro long")
     return (
-        _MID[n & 0x3FFF] + _MID[(n >> 14) & 0x3FFF] + _MID[(n >> 28) & 0x3FFF]
-        + _MID[(n >> 42) & 0x3FFF] + _LAST[n >> 56]
+        VARINT_MID[n & 0x3FFF] + VARINT_MID[(n >> 14) & 0x3FFF] + VARINT_MID[(n >> 28) & 0x3FFF]
+        + VARINT_MID[(n >> 42) & 0x3FFF] + VARINT_LAST[n >> 56]
     )  # fmt: skip
 
 
@@ -61,21 +58,21 @@ def long_bytes(value: int) -> bytes:
     """Avro ``int``/``long``: zig-zag, then varint (inlined up to 2**42: this runs for every
     LSN, length and integer column of every event)."""
     if 0 <= value < 0x2000:
-        return _LAST[value << 1]
+        return VARINT_LAST[value << 1]
     if _LONG_MIN <= value <= _LONG_MAX:
         n = (value << 1) ^ (value >> 63)
         if n < 0x4000:  # small negative values
-            return _LAST[n]
+            return VARINT_LAST[n]
         if n < 0x10000000:
-            return _MID[n & 0x3FFF] + _LAST[n >> 14]
+            return VARINT_MID[n & 0x3FFF] + VARINT_LAST[n >> 14]
         if n < 0x40000000000:
-            return _MID[n & 0x3FFF] + _MID[(n >> 14) & 0x3FFF] + _LAST[n >> 28]
+            return VARINT_MID[n & 0x3FFF] + VARINT_MID[(n >> 14) & 0x3FFF] + VARINT_LAST[n >> 28]
         return varint(n)
     raise OverflowError(f"{value} does not fit an Avro long")
 
 
 # long_bytes(n) for 0 <= n < 8192, for lengths and positions looked up without a call.
-SMALL_LONGS: Final = tuple(_LAST[n << 1] for n in range(0x2000))
+SMALL_LONGS: Final = tuple(VARINT_LAST[n << 1] for n in range(0x2000))
 
 
 def string_bytes(text: str) -> bytes:
