@@ -327,7 +327,8 @@ class BatchProcessor:
         changes_by_table: dict[str, int] = {}
         with ThreadPoolExecutor(max_workers=max(1, min(cfg.merge_threads,
                                                        len(plan.tables)))) as pool:
-            futures = {w.collection: pool.submit(self._apply, tables[w.topic], w, plan)
+            futures = {w.collection: pool.submit(self._apply, tables[w.topic], w, plan,
+                                                 before.table_versions.get(w.collection))
                        for w in plan.tables}
             for work in plan.tables:
                 version = futures[work.collection].result()
@@ -357,9 +358,11 @@ class BatchProcessor:
             pending_oldest_age_s=oldest_age, quarantined=quarantined, steps=steps,
         )
 
-    def _apply(self, table: _Table, work: TableWork, plan: Plan) -> int | None:
+    def _apply(self, table: _Table, work: TableWork, plan: Plan,
+               recorded_version: int | None) -> int | None:
         """MERGE one table's share of the applied transactions; its Delta version, or None
-        when there was nothing to do (truncates of a table the lake never had)."""
+        when there was nothing to do (truncates of a table the lake never had).
+        `recorded_version`: the table's version in the last progress row."""
         info = table.info
         path = self.config.table_path(info.schema, info.table)
         key = table.key
@@ -374,7 +377,8 @@ class BatchProcessor:
             info.schema, info.table, path, key, table.columns, changes,
             truncate=work.truncate, toast_columns=work.toast_columns,
             key_min=work.key_min, key_max=work.key_max,
-            only_distinct_inserts=work.only_distinct_inserts, unique_key=table.unique_key)
+            only_distinct_inserts=work.only_distinct_inserts, unique_key=table.unique_key,
+            recorded_version=recorded_version)
         return merge.apply(self.spark, tc)
 
     def _save_pending(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,

@@ -16,6 +16,11 @@
 - A table whose share of the batch is nothing but distinct inserts takes an insert-only MERGE
   (`_inserts_only_apply` explains why that gives exactly the same table): no collapse shuffle,
   no source materialisation, one pass. Still one commit per table per batch.
+- When the table has had no commit since the last batch and every key of its share starts
+  with an insert, the last changes are simply appended (`_append_applies` gives the argument):
+  no join with the target at all.
+- The collapsed source is cached here, before the MERGE; Delta's own copy of it (its
+  `materializeSource`, to disk) is switched off in session.py.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
@@ -38,7 +44,11 @@ KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('
 # The producer's Avro field names (sanitized PostgreSQL names) and this module's derived names
 # all match this, so they can stand inside the backticks of the SQL snippets MERGE needs.
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_NEXT = "#next"  # a working column; not an Avro name, so no source column can have it
+# Working columns; not Avro names, so no source column can have them.
+_NEXT = "#next"
+_FIRST_OP = "#first_op"
+# As batch.py's caches: Spark's columnar batches kept as JVM objects, spilling to disk.
+_CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class TableChanges:
     key_max: int | str | None = None
     only_distinct_inserts: bool = False  # every change a 'c', none twice (TableWork says so)
     unique_key: bool = False  # the key is a primary key or unique index at the source
+    # The table's Delta version in the last progress row: None when no batch recorded it.
+    recorded_version: int | None = None
 
     @property
     def name(self) -> str:
@@ -154,15 +166,18 @@ def _key_range(tc: TableChanges) -> Column | None:
 
 
 def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
-             toast_cols: list[str]) -> DataFrame:
+             toast_cols: list[str], first_op: bool = False) -> DataFrame:
     """Last change per key; unchanged TOAST columns resolved from earlier changes in the batch.
 
     For each TOAST column X: `_has_X` tells whether some change of this key carried X (the
-    latest such value is used); otherwise the MERGE keeps the target's value.
+    latest such value is used); otherwise the MERGE keeps the target's value. `first_op` (not
+    with TOAST columns) adds the op of each key's first change as `#first_op`.
     """
     last_cols = [c for c in (*columns, *E.LAKE_META, E.TOAST) if c not in key]
     if not toast_cols:
-        return _last_per_key(changes, key, last_cols)
+        return _last_per_key(changes, key, last_cols, first_op)
+    if first_op:
+        raise ValueError("collapse: first_op is only computed without TOAST columns")
     aggs = [F.max_by(F.struct(*[F.col(c) for c in last_cols]), _order()).alias("_last")]
     for c in toast_cols:
         carried = (F.col(E.OP) != "d") & ~F.array_contains(F.col(E.TOAST), c)
@@ -184,7 +199,8 @@ def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
     return grouped.select(*exprs)
 
 
-def _last_per_key(changes: DataFrame, key: tuple[str, ...], last_cols: list[str]) -> DataFrame:
+def _last_per_key(changes: DataFrame, key: tuple[str, ...], last_cols: list[str],
+                  first_op: bool = False) -> DataFrame:
     """The change no other change of its key follows in (commit_lsn, total_order) order.
 
     A window runs as one shuffle and one sort by key. The max_by aggregate that the TOAST case
@@ -195,12 +211,13 @@ def _last_per_key(changes: DataFrame, key: tuple[str, ...], last_cols: list[str]
     `lead` rather than `row_number() = 1`: Spark turns a rank filter into a partial group limit
     before the shuffle, which brings the first sort back. Redelivered copies of one event share
     (commit_lsn, total_order) and carry the same change, so keeping the one that sorts last is
-    exact.
+    exact. The first change's op comes from the same window, so it costs no other sort.
     """
     order = Window.partitionBy(*key).orderBy(E.COMMIT_LSN, E.TOTAL_ORDER)
-    return (changes.select(*key, *last_cols)
-            .withColumn(_NEXT, F.lead(F.lit(True)).over(order))
-            .filter(F.col(_NEXT).isNull()).drop(_NEXT))
+    out = changes.select(*key, *last_cols).withColumn(_NEXT, F.lead(F.lit(True)).over(order))
+    if first_op:
+        out = out.withColumn(_FIRST_OP, F.first(E.OP).over(order))
+    return out.filter(F.col(_NEXT).isNull()).drop(_NEXT)
 
 
 def _insert_values(tc: TableChanges, target_cols: list[str]) -> dict[str, str | Column]:
@@ -247,11 +264,50 @@ def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[s
      .whenNotMatchedInsert(values=_insert_values(tc, target_cols)).execute())
 
 
+def _append_applies(spark: SparkSession, tc: TableChanges) -> bool:
+    """Whether the table may take a plain append of its last changes, provided that every key
+    of its share starts with an insert ('c'); `apply_keyed` checks that on the collapsed rows.
+
+    The table must be unchanged since the last batch: its Delta version is the one the last
+    progress row recorded (or it does not exist yet). It then holds the source as of the
+    batch's start W. A key K whose first change in the batch is an insert at P did not exist at
+    the source just before P; nothing changed K between W and P (every complete transaction
+    after W is in the batch, and P is K's first change), so K did not exist at W and the table
+    does not hold it. With no target row to match, the full MERGE would insert K's last change
+    unless it is a delete: exactly the append. A crashed run that already committed this batch
+    moved the version on, so its replay takes the guarded MERGE. The key must be unique at the
+    source (identical rows may repeat under a key of every column), with no truncate (it
+    deletes target rows) and no unchanged TOAST (it reads them).
+
+    Called before `ensure_table`, whose CREATE or ALTER commits add no rows but would move the
+    version on.
+    """
+    if not tc.unique_key or tc.truncate is not None or tc.toast_columns:
+        return False
+    if not DeltaTable.isDeltaTable(spark, tc.path):
+        return True
+    return (tc.recorded_version is not None
+            and table_version(spark, tc.path) == tc.recorded_version)
+
+
+def _append(table: DeltaTable, tc: TableChanges, rows: DataFrame, target_cols: list[str]) -> None:
+    types = {f.name: f.dataType for f in table.toDF().schema.fields}
+    # A column the writer no longer has (dropped at the source) gets NULL.
+    values = [F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c)
+              for c in target_cols]
+    (rows.select(*values, *E.LAKE_META)
+     .write.format("delta").mode("append").save(tc.path))
+
+
 def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
+    may_append = _append_applies(spark, tc)
     table = ensure_table(spark, tc)
     target_cols = _target_columns(table, tc)
     if inserts_only_applies(tc):
-        _inserts_only_apply(table, tc, target_cols)
+        if may_append:  # distinct inserts: every key starts with its only change
+            _append(table, tc, tc.changes.filter(F.col(E.OP) == "c"), target_cols)
+        else:
+            _inserts_only_apply(table, tc, target_cols)
         return
     changes = tc.changes
     point = tc.truncate
@@ -263,10 +319,25 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
         # Before the MERGE deletes the old keys: a key change's create takes its unchanged
         # TOAST values from the row it replaces.
         changes = resolve_moved_toast(changes, table.toDF(), tc.key, toast_cols)
-    source = collapse(changes, tc.key, tc.columns, toast_cols)
-    if toast_cols:
-        _check_toast_targets(table, source, tc, toast_cols)
+    # Cached: it is read by the checks below and twice by the MERGE (matches, then writes).
+    source = collapse(changes, tc.key, tc.columns, toast_cols, first_op=may_append)
+    source = source.persist(_CACHE)
+    try:
+        if may_append and not source.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
+            _append(table, tc, source.filter(F.col(E.OP) != "d"), target_cols)
+            return
+        if may_append:
+            source = source.drop(_FIRST_OP)
+        if toast_cols:
+            _check_toast_targets(table, source, tc, toast_cols)
+        _merge(table, tc, source, target_cols, toast_cols)
+    finally:
+        source.unpersist()
 
+
+def _merge(table: DeltaTable, tc: TableChanges, source: DataFrame, target_cols: list[str],
+           toast_cols: list[str]) -> None:
+    point = tc.truncate
     # A truncate must see every target row (not-matched-by-source), so no range then.
     on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
     key_range = None if point is not None else _key_range(tc)

@@ -84,6 +84,10 @@ def build_session(
         # Delta's own defaults favour big clusters; these keep small local runs fast.
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.databricks.delta.optimizeWrite.enabled", "false")
+        # merge.py caches every MERGE source that is read more than once (in memory, spilling
+        # to disk) before the MERGE; the other MERGEs are insert-only and read theirs once.
+        # Delta's own copy (to disk by default) would be a second one.
+        .config("spark.databricks.delta.merge.materializeSource", "none")
     )
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)

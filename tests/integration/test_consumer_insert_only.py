@@ -1,11 +1,13 @@
-"""The insert-only MERGE (merge.inserts_only_applies) against the careful full MERGE, on Spark.
+"""The fast forms of merge.py against the careful full MERGE, on Spark: the insert-only MERGE
+(merge.inserts_only_applies) and the plain append of keys that start with an insert
+(merge._append_applies).
 
-The same batches go through two consumers, one with the fast form and one forced onto the
-full MERGE; after every batch both lakes must hold exactly the same rows (bookkeeping columns
-included). The sequence mixes what must keep the full MERGE (updates of existing keys, a key
+The same batches go through two consumers, one with the fast forms and one forced onto the
+full MERGE; at the end both lakes must hold exactly the same rows (bookkeeping columns
+included). The sequences mix what must keep the full MERGE (updates of existing keys, a key
 change, a truncate, unchanged TOAST, a key of every column with repeated rows, a producer
-replay inside a batch) with what may take the fast form, and replays a batch after a crash
-between two tables' commits.
+replay inside a batch, a key deleted and inserted again) with what may take a fast form, and
+replay batches after a crash between a table's commit and the progress row.
 """
 
 from __future__ import annotations
@@ -103,6 +105,11 @@ def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, C
     yield made[0], made[1]
 
 
+def careful_only(m: pytest.MonkeyPatch) -> None:
+    m.setattr(merge, "inserts_only_applies", lambda tc: False)
+    m.setattr(merge, "_append_applies", lambda session, tc: False)
+
+
 def test_insert_only_form_gives_the_careful_lake(
         spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,7 +128,7 @@ def test_insert_only_form_gives_the_careful_lake(
     for batch_id, frame in enumerate(frames):
         fast.processor.process(frame, batch_id)
     with monkeypatch.context() as m:
-        m.setattr(merge, "inserts_only_applies", lambda tc: False)
+        careful_only(m)
         for batch_id, frame in enumerate(frames):
             careful.processor.process(frame, batch_id)
     assert fast.tables(spark) == careful.tables(spark)
@@ -162,4 +169,90 @@ def test_replay_after_a_crash_between_two_tables_changes_nothing(
     again = BatchProcessor(spark, fast.processor.config, fast.processor.schemas)
     report = again.process(frame, 1)
     assert not report.skipped and report.commit_lsn == 200
+    assert fast.tables(spark) == after_crash
+
+
+def new_key_batches(writer: EventWriter) -> list[list[KafkaRecord]]:
+    w = writer
+    t1 = w.transaction(1, 100)
+    for i in range(1, 6):
+        t1.insert(ACC, row(i))
+    t1.insert(PAIRS, {"a": 1, "b": "x"})
+    # Every key starts with an insert: updated, deleted, or changed to another new key after.
+    t2 = (w.transaction(2, 200).insert(ACC, row(6)).insert(ACC, row(7)).insert(ACC, row(10)))
+    t3 = (w.transaction(3, 300).update(ACC, row(6, "u")).delete(ACC, {"id": 7})
+          .delete(ACC, {"id": 10}).insert(ACC, row(11)).update(ACC, row(11, "moved"))
+          .insert(PAIRS, {"a": 2, "b": "y"}))
+    # A key of the lake (1) is updated: not every key is new.
+    t4 = w.transaction(4, 400).insert(ACC, row(12)).update(ACC, row(1, "old key"))
+    # Key 2 is deleted and inserted again: its first change is a delete.
+    t5 = w.transaction(5, 500).delete(ACC, {"id": 2}).insert(ACC, row(2, "again"))
+    # New keys again, every record delivered twice in the batch.
+    t6 = w.transaction(6, 600).insert(ACC, row(13)).update(ACC, row(13, "twice"))
+    t7 = w.transaction(7, 700).insert(ACC, row(14)).delete(ACC, {"id": 14})
+    r6 = t6.records()
+    return [t1.records(), t2.records() + t3.records(), t4.records(), t5.records(), r6 + r6,
+            t7.records()]
+
+
+def test_new_keys_append_gives_the_careful_lake(
+        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, careful = consumers
+    log = KafkaLog()
+    frames = [log.frame(spark, recs) for recs in new_key_batches(fast.writer)]
+
+    appended: list[tuple[int, str]] = []
+    append = merge._append
+    batch = [0]
+
+    def spy(table: object, tc: merge.TableChanges, *args: object) -> None:
+        appended.append((batch[0], tc.table))
+        append(table, tc, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(merge, "_append", spy)
+    for batch_id, frame in enumerate(frames):
+        batch[0] = batch_id
+        fast.processor.process(frame, batch_id)
+    with monkeypatch.context() as m:
+        careful_only(m)
+        for batch_id, frame in enumerate(frames):
+            careful.processor.process(frame, batch_id)
+    assert fast.tables(spark) == careful.tables(spark)
+    # Appended where every key of the table's share starts with an insert, and nowhere else
+    # (pairs never: its key is every column).
+    assert appended == [(0, "accounts"), (1, "accounts"), (4, "accounts"), (5, "accounts")]
+    acc = {r[0]: r for r in fast.tables(spark)["accounts"]}
+    assert sorted(acc) == [1, 2, 3, 4, 5, 6, 11, 12, 13]
+    assert (acc[6][2], acc[11][2], acc[1][2], acc[2][2], acc[13][2]) == (
+        "u", "moved", "old key", "again", "twice")
+
+
+def test_replay_of_an_appended_batch_takes_the_guarded_merge(
+        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, _ = consumers
+    log = KafkaLog()
+    w = fast.writer
+    first = w.transaction(1, 100).insert(ACC, row(1)).insert(PAIRS, {"a": 1, "b": "x"})
+    fast.processor.process(log.frame(spark, first.records()), 0)
+    second = w.transaction(2, 200).insert(ACC, row(2)).update(ACC, row(2, "u"))
+    frame = log.frame(spark, second.records())
+
+    def crash(*args: object) -> None:
+        raise RuntimeError("crash before the progress row")
+
+    with monkeypatch.context() as m:
+        m.setattr(progress, "append", crash)
+        with pytest.raises(RuntimeError, match="crash before the progress row"):
+            fast.processor.process(frame, 1)
+    after_crash = fast.tables(spark)
+    assert [(r[0], r[2]) for r in after_crash["accounts"]] == [(1, "d"), (2, "u")]
+    # The table moved past the recorded version: the replay must not append again.
+    appended: list[str] = []
+    monkeypatch.setattr(merge, "_append", lambda table, tc, *a: appended.append(tc.table))
+    again = BatchProcessor(spark, fast.processor.config, fast.processor.schemas)
+    report = again.process(frame, 1)
+    assert not report.skipped and report.commit_lsn == 200
+    assert appended == []
     assert fast.tables(spark) == after_crash
