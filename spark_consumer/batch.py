@@ -274,7 +274,8 @@ class BatchProcessor:
                                        self.schemas.text(vid)))
                   for vid in marker_ids]
         df = (reduce(DataFrame.unionByName, frames) if frames
-              else self.spark.createDataFrame([], _MARKER_SCHEMA))
+              # An empty RDD has no partitions: no task, no Python worker.
+              else self.spark.createDataFrame(self.spark.sparkContext.emptyRDD(), _MARKER_SCHEMA))
         df = df.persist(_CACHE)
         persisted.append(df)
         return df

@@ -31,7 +31,8 @@ RAW_SCHEMA = StructType([
 
 def load(spark: SparkSession, path: str, version: int | None) -> DataFrame:
     if version is None or not DeltaTable.isDeltaTable(spark, path):
-        return spark.createDataFrame([], RAW_SCHEMA)
+        # An empty RDD has no partitions: no task, no Python worker.
+        return spark.createDataFrame(spark.sparkContext.emptyRDD(), RAW_SCHEMA)
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -81,11 +80,27 @@ def merge_offsets(before: dict[str, dict[str, int]],
 def append(spark: SparkSession, path: str, batch_id: int, progress: Progress,
            applied_transactions: int, pending_transactions: int,
            pending_oldest_age_s: float | None) -> None:
-    row = (batch_id, progress.commit_lsn, progress.table_versions,
-           json.dumps(progress.kafka_offsets, sort_keys=True),
-           datetime.now(UTC).replace(tzinfo=None), progress.pending_version,
-           applied_transactions, pending_transactions, pending_oldest_age_s)
-    (spark.createDataFrame([row], PROGRESS_SCHEMA).write.format("delta").mode("append")
+    if not DeltaTable.isDeltaTable(spark, path):
+        # Created from the schema: the literal row below does not carry its nullability.
+        DeltaTable.createIfNotExists(spark).location(path).addColumns(PROGRESS_SCHEMA).execute()
+    versions = [c for name, version in sorted(progress.table_versions.items())
+                for c in (F.lit(name), F.lit(version))]
+    values = {
+        "batch_id": F.lit(batch_id),
+        "commit_lsn": F.lit(progress.commit_lsn),
+        "table_versions": F.create_map(*versions),
+        "kafka_offsets": F.lit(json.dumps(progress.kafka_offsets, sort_keys=True)),
+        "applied_at": F.current_timestamp(),
+        "pending_version": F.lit(progress.pending_version),
+        "applied_transactions": F.lit(applied_transactions),
+        "pending_transactions": F.lit(pending_transactions),
+        "pending_oldest_age_s": F.lit(pending_oldest_age_s),
+    }
+    # One row of literals, built in the JVM: createDataFrame from Python rows runs its task in
+    # a Python worker, and starting one (when none is up) added about a second to a batch.
+    row = spark.range(1).select(*[values[f.name].cast(f.dataType).alias(f.name)
+                                  for f in PROGRESS_SCHEMA.fields])
+    (row.write.format("delta").mode("append")
      # Delta's idempotent writes: a re-run of the same batch id appends nothing.
      .option("txnAppId", "walbridge-progress").option("txnVersion", batch_id)
      .save(path))
