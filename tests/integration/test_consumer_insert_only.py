@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from spark_consumer import merge, progress
 from spark_consumer.batch import BatchProcessor
@@ -105,6 +105,22 @@ def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, C
     yield made[0], made[1]
 
 
+def crash_before_progress(processor: BatchProcessor, frame: DataFrame, batch_id: int) -> None:
+    """Run a batch as a job killed after its table commits, before its progress row."""
+    def crash(*args: object) -> None:
+        raise RuntimeError("crash before the progress row")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(progress, "append", crash)
+        with pytest.raises(RuntimeError, match="crash before the progress row"):
+            processor.process(frame, batch_id)
+
+
+def restarted(processor: BatchProcessor) -> BatchProcessor:
+    """The same job restarted: no memory of the crashed run."""
+    return BatchProcessor(processor.spark, processor.config, processor.schemas)
+
+
 def careful_only(m: pytest.MonkeyPatch) -> None:
     m.setattr(merge, "inserts_only_applies", lambda tc: False)
     m.setattr(merge, "_append_applies", lambda session, tc: False)
@@ -145,8 +161,7 @@ def test_insert_only_form_gives_the_careful_lake(
 
 
 def test_replay_after_a_crash_between_two_tables_changes_nothing(
-        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: SparkSession, consumers: tuple[Consumer, Consumer]) -> None:  # noqa: F811
     fast, _ = consumers
     log = KafkaLog()
     w = fast.writer
@@ -155,19 +170,10 @@ def test_replay_after_a_crash_between_two_tables_changes_nothing(
               .insert(PAIRS, {"a": 2, "b": "y"}))
     fast.processor.process(log.frame(spark, first.records()), 0)
     frame = log.frame(spark, second.records())
-
-    def crash(*args: object) -> None:
-        raise RuntimeError("crash before the progress row")
-
-    with monkeypatch.context() as m:
-        m.setattr(progress, "append", crash)
-        with pytest.raises(RuntimeError, match="crash before the progress row"):
-            fast.processor.process(frame, 1)
+    crash_before_progress(fast.processor, frame, 1)
     after_crash = fast.tables(spark)
     assert [r[0] for r in after_crash["accounts"]] == [1, 2, 3]  # already applied once
-    # A restarted job (no memory of the crashed run) replays the batch.
-    again = BatchProcessor(spark, fast.processor.config, fast.processor.schemas)
-    report = again.process(frame, 1)
+    report = restarted(fast.processor).process(frame, 1)
     assert not report.skipped and report.commit_lsn == 200
     assert fast.tables(spark) == after_crash
 
@@ -238,21 +244,13 @@ def test_replay_of_an_appended_batch_takes_the_guarded_merge(
     fast.processor.process(log.frame(spark, first.records()), 0)
     second = w.transaction(2, 200).insert(ACC, row(2)).update(ACC, row(2, "u"))
     frame = log.frame(spark, second.records())
-
-    def crash(*args: object) -> None:
-        raise RuntimeError("crash before the progress row")
-
-    with monkeypatch.context() as m:
-        m.setattr(progress, "append", crash)
-        with pytest.raises(RuntimeError, match="crash before the progress row"):
-            fast.processor.process(frame, 1)
+    crash_before_progress(fast.processor, frame, 1)
     after_crash = fast.tables(spark)
     assert [(r[0], r[2]) for r in after_crash["accounts"]] == [(1, "d"), (2, "u")]
     # The table moved past the recorded version: the replay must not append again.
     appended: list[str] = []
     monkeypatch.setattr(merge, "_append", lambda table, tc, *a: appended.append(tc.table))
-    again = BatchProcessor(spark, fast.processor.config, fast.processor.schemas)
-    report = again.process(frame, 1)
+    report = restarted(fast.processor).process(frame, 1)
     assert not report.skipped and report.commit_lsn == 200
     assert appended == []
     assert fast.tables(spark) == after_crash
