@@ -317,8 +317,10 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     toast_cols = _toast_columns(tc)
     if toast_cols:
         # Before the MERGE deletes the old keys: a key change's create takes its unchanged
-        # TOAST values from the row it replaces.
-        changes = resolve_moved_toast(changes, table.toDF(), tc.key, toast_cols)
+        # TOAST values from the row it replaces. A read of its own: the source must not share
+        # the MERGE target's attributes (Delta does not copy the source, see session.py).
+        lake = spark.read.format("delta").load(tc.path)
+        changes = resolve_moved_toast(changes, lake, tc.key, toast_cols)
     # Cached: it is read by the checks below and twice by the MERGE (matches, then writes).
     source = collapse(changes, tc.key, tc.columns, toast_cols, first_op=may_append)
     source = source.persist(_CACHE)
