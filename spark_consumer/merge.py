@@ -322,19 +322,18 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
         lake = spark.read.format("delta").load(tc.path)
         changes = resolve_moved_toast(changes, lake, tc.key, toast_cols)
     # Cached: it is read by the checks below and twice by the MERGE (matches, then writes).
-    source = collapse(changes, tc.key, tc.columns, toast_cols, first_op=may_append)
-    source = source.persist(_CACHE)
+    collapsed = collapse(changes, tc.key, tc.columns, toast_cols, first_op=may_append)
+    collapsed = collapsed.persist(_CACHE)
     try:
-        if may_append and not source.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
-            _append(table, tc, source.filter(F.col(E.OP) != "d"), target_cols)
+        if may_append and not collapsed.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
+            _append(table, tc, collapsed.filter(F.col(E.OP) != "d"), target_cols)
             return
-        if may_append:
-            source = source.drop(_FIRST_OP)
+        source = collapsed.drop(_FIRST_OP) if may_append else collapsed
         if toast_cols:
             _check_toast_targets(table, source, tc, toast_cols)
         _merge(table, tc, source, target_cols, toast_cols)
     finally:
-        source.unpersist()
+        collapsed.unpersist()  # the persisted frame itself: a derived one would not match
 
 
 def _merge(table: DeltaTable, tc: TableChanges, source: DataFrame, target_cols: list[str],

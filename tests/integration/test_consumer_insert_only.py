@@ -205,6 +205,7 @@ def test_new_keys_append_gives_the_careful_lake(
         spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
     fast, careful = consumers
+    spark.catalog.clearCache()  # other tests' caches, if any: the end checks this test's own
     log = KafkaLog()
     frames = [log.frame(spark, recs) for recs in new_key_batches(fast.writer)]
 
@@ -232,6 +233,8 @@ def test_new_keys_append_gives_the_careful_lake(
     assert sorted(acc) == [1, 2, 3, 4, 5, 6, 11, 12, 13]
     assert (acc[6][2], acc[11][2], acc[1][2], acc[2][2], acc[13][2]) == (
         "u", "moved", "old key", "again", "twice")
+    # Each batch dropped every cache it made, the collapsed MERGE sources included.
+    assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
 
 
 def test_replay_of_an_appended_batch_takes_the_guarded_merge(
