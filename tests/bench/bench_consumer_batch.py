@@ -4,13 +4,16 @@ Measures (local[2], mock:// registry, Delta under a temp dir):
   - small: several batches of 2 source transactions each (a few changes on two tables); the
     fixed cost per batch is what decides freshness;
   - large: one batch of N changes, reported as changes/s and as a ratio to a plain Delta append
-    of the same decoded rows measured in the same run (the baseline). Workloads:
+    of the same decoded rows measured in the same run (the baseline). The batch is applied
+    --rounds times (default 3), each time to a fresh lake and followed by the baseline, and the
+    medians are reported: a long-running job's JVM has its generated code compiled and cached,
+    and the first 1M-row batch of a young JVM mostly measures the JIT compiler. Workloads:
       --workload inserts (default): inserts over 2 three-column tables, transactions of 100;
       --workload mixed: the issue's 8-column table (the producer benchmark's `rows`: int8 key,
         text, numeric(12,2), timestamptz, jsonb, bool, text[], enum), transactions of 1000
         changes: 800 inserts of new keys, 100 updates of keys already in the lake (loaded by an
-        earlier batch of --preload inserts, timed apart) and 100 updates of keys inserted
-        earlier in the same batch;
+        earlier batch of --preload changes, applied in each round and not counted) and 100
+        updates of keys inserted earlier in the same batch;
       --workload producer: the producer benchmark's 1M-change workload on the same table: half
         the changes insert new rows in transactions of 1000, then each of those rows is updated
         once, 1000 per transaction (all in the one large batch).
@@ -27,10 +30,11 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -145,6 +149,29 @@ def transactions(writer: EventWriter, first_xid: int, count: int, changes_per_tx
     return out
 
 
+@dataclass(frozen=True)
+class Workload:
+    records: list[KafkaRecord]
+    changes: int
+    transactions: int
+    next_key: int = 0  # mixed: the first key not inserted yet
+
+
+def workload(name: str, writer: EventWriter, first_xid: int, changes: int,
+             lake_keys: int = 0) -> Workload:
+    """`changes` changes of one workload; mixed updates keys below `lake_keys` (the lake's)."""
+    if name == "inserts":
+        n_tx = max(1, changes // 100)
+        return Workload(transactions(writer, first_xid, n_tx, 100, 10**9), n_tx * 100, n_tx)
+    if name == "producer":
+        return Workload(producer_transactions(writer, first_xid, changes, 10**8),
+                        changes // 2 * 2, 2 * -(-(changes // 2) // 1000))
+    n_tx = max(1, changes // 1000)
+    first_key = 10**8 if lake_keys else 0
+    recs, next_key = mixed_transactions(writer, first_xid, n_tx, first_key, lake_keys)
+    return Workload(recs, n_tx * 1000, n_tx, next_key)
+
+
 def kafka_frame(spark: SparkSession, rows: list[tuple[object, ...]], where: str) -> DataFrame:
     """A cached Kafka-shaped frame read from parquet files: a frame made from a local list ships
     its rows inside the tasks, which runs the driver out of memory for a 1M-row batch."""
@@ -195,6 +222,8 @@ def main() -> None:
     ap.add_argument("--workload", choices=("inserts", "mixed", "producer"), default="inserts")
     ap.add_argument("--preload", type=int, default=100_000,
                     help="mixed: rows inserted by an earlier batch, updated by the large one")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="times the large batch is applied (each to a fresh lake) and appended")
     ap.add_argument("--warmup", type=int, default=100_000,
                     help="changes of an untimed batch (consumer and baseline) that warms the JVM")
     args = ap.parse_args()
@@ -223,60 +252,59 @@ def main() -> None:
             print(f"small batches (2 tx, 6 changes): {', '.join(f'{s:.1f}' for s in small)} s; "
                   f"median {sorted(small)[len(small) // 2]:.1f} s (first includes table creation)")
 
-        batch_id = args.small_batches
         specs: tuple[TableSpec, ...] = (ACCOUNTS, SAVINGS) if args.workload == "inserts" else (ROWS,)
-        warm: list[KafkaRecord]
         if args.warmup:
             # A long-running job's JVM has compiled its hot paths; a cold one spends the first
             # seconds in the interpreter and JIT. Both sides get the same untimed warm-up.
             wcfg = replace(cfg, lake_path=f"{tmp}/warm-lake", checkpoint_path=f"{tmp}/warm-cp")
-            if args.workload == "inserts":
-                warm = transactions(writer, 10**8, max(1, args.warmup // 100), 100, 10**9)
-            elif args.workload == "producer":
-                warm = producer_transactions(writer, 10**8, args.warmup)
-            else:
-                warm, _ = mixed_transactions(writer, 10**8, max(1, args.warmup // 1000), 0, 0)
-            frame = kafka_frame(spark, log.rows(warm), f"{tmp}/warm-batch")
+            warm = workload(args.workload, writer, 10**8, args.warmup)
+            frame = kafka_frame(spark, log.rows(warm.records), f"{tmp}/warm-batch")
             t0 = time.perf_counter()
             BatchProcessor(spark, wcfg, WriterSchemas(client)).process(frame, 0)
             baseline_append(frame, specs, client, f"{tmp}/warm-append")
             print(f"  warm-up ({args.warmup} changes, consumer and baseline, untimed): "
                   f"{time.perf_counter() - t0:.1f} s")
-        if args.workload == "inserts":
-            n_tx = max(1, args.large // 100)
-            recs = transactions(writer, xid, n_tx, 100, 10**9)
-            changes = n_tx * 100
-        elif args.workload == "producer":
-            recs = producer_transactions(writer, xid, args.large, 10**8)
-            changes = args.large // 2 * 2
-            n_tx = 2 * -(-(args.large // 2) // 1000)
-        else:
-            lake_keys = 0
-            if args.preload:
-                pre, lake_keys = mixed_transactions(writer, xid, max(1, args.preload // 1000),
-                                                    0, 0)
-                xid += max(1, args.preload // 1000)
-                frame = kafka_frame(spark, log.rows(pre), f"{tmp}/preload-batch")
+
+        xid = 10**7
+        pre = None
+        lake_keys = 0
+        if args.workload == "mixed" and args.preload:
+            preload = workload("mixed", writer, xid, args.preload)
+            xid += preload.transactions
+            lake_keys = preload.next_key
+            pre = kafka_frame(spark, log.rows(preload.records), f"{tmp}/preload-batch")
+        large = workload(args.workload, writer, xid, args.large, lake_keys)
+        changes, n_tx = large.changes, large.transactions
+        big = kafka_frame(spark, log.rows(large.records), f"{tmp}/large-batch")
+        ours: list[float] = []
+        plain: list[float] = []
+        for r in range(args.rounds):
+            # Each round applies the same batch to a lake of its own, then appends it plainly:
+            # the JVM reaches the steady state of a long-running job (compiled and cached code)
+            # after a round or two, and both sides are measured at the same point of it.
+            rcfg = replace(cfg, lake_path=f"{tmp}/lake-{r}", checkpoint_path=f"{tmp}/cp-{r}")
+            proc = BatchProcessor(spark, rcfg, WriterSchemas(client))
+            batch_id = 0
+            if pre is not None:
                 t0 = time.perf_counter()
-                proc.process(frame, batch_id)
-                print(f"  preload batch: {args.preload} changes in "
-                      f"{time.perf_counter() - t0:.1f} s")
+                proc.process(pre, batch_id)
+                print(f"  round {r}: preload batch of {args.preload} changes in "
+                      f"{time.perf_counter() - t0:.1f} s (not counted)")
                 batch_id += 1
-            n_tx = max(1, args.large // 1000)
-            recs, _ = mixed_transactions(writer, xid, n_tx, 10**8, lake_keys)
-            changes = n_tx * 1000
-        big = kafka_frame(spark, log.rows(recs), f"{tmp}/large-batch")
-        t0 = time.perf_counter()
-        report = proc.process(big, batch_id)
-        merge_s = time.perf_counter() - t0
-        print(f"  large batch steps: {report.steps}")
-        t0 = time.perf_counter()
-        baseline_append(big, specs, client, f"{tmp}/append")
-        append_s = time.perf_counter() - t0
-        print(f"large batch ({args.workload}): {changes} changes in {n_tx} tx: consumer {merge_s:.1f} s "
-              f"({changes / merge_s:,.0f} changes/s); plain decode+append {append_s:.1f} s "
-              f"({changes / append_s:,.0f} changes/s); ratio consumer/append "
-              f"{merge_s / append_s:.2f}")
+            t0 = time.perf_counter()
+            report = proc.process(big, batch_id)
+            ours.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            baseline_append(big, specs, client, f"{tmp}/append-{r}")
+            plain.append(time.perf_counter() - t0)
+            print(f"  round {r}: consumer {ours[-1]:.1f} s {report.steps}; plain decode+append "
+                  f"{plain[-1]:.1f} s; ratio {ours[-1] / plain[-1]:.2f}")
+        m_ours, m_plain = statistics.median(ours), statistics.median(plain)
+        print(f"large batch ({args.workload}): {changes} changes in {n_tx} tx, median of "
+              f"{args.rounds} round(s): consumer {m_ours:.1f} s ({changes / m_ours:,.0f} "
+              f"changes/s); plain decode+append {m_plain:.1f} s ({changes / m_plain:,.0f} "
+              f"changes/s); ratio consumer/append {m_ours / m_plain:.2f} (per round: "
+              f"{', '.join(f'{a / b:.2f}' for a, b in zip(ours, plain, strict=True))})")
     spark.stop()
 
 
