@@ -24,8 +24,8 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark_consumer import batch_values, merge, pending, progress, quarantine, summary
 from spark_consumer import envelope as E
-from spark_consumer import merge, pending, progress, quarantine, summary
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.decode import markers, table_events, with_envelope_from_avro
@@ -126,7 +126,7 @@ class BatchProcessor:
                      batch_id, before.batch_id)
             return BatchReport(batch_id, skipped=True, commit_lsn=before.commit_lsn)
         now_ms = self.clock_ms()
-        framed = self._framed(batch, before, now_ms).persist(_CACHE)
+        framed = self._framed(batch, before).persist(_CACHE)
         persisted: list[DataFrame] = [framed]
         try:
             after, report = self._process(framed, persisted, batch_id, before, now_ms)
@@ -148,9 +148,11 @@ class BatchProcessor:
 
     # -- steps ----------------------------------------------------------------------------
 
-    def _framed(self, batch: DataFrame, before: progress.Progress, now_ms: int) -> DataFrame:
+    def _framed(self, batch: DataFrame, before: progress.Progress) -> DataFrame:
+        # First seen now: null here, the clock filled in where it is needed (summary, pending
+        # save), so the clock does not end up in this stage's generated code (batch_values.py).
         rows = batch.select(*COORDS, "key", "value", "timestamp",
-                            F.lit(now_ms).cast("long").alias(E.FIRST_SEEN))
+                            F.lit(None).cast("long").alias(E.FIRST_SEEN))
         if before.pending_version is not None:  # None: nothing waited after the last batch
             old = pending.load(self.spark, self.config.pending_path, before.pending_version)
             rows = rows.unionByName(old).dropDuplicates(COORDS)
@@ -306,7 +308,7 @@ class BatchProcessor:
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
         data, marks, bad = summary.collect(
             [(t.events, t.key[0] if t.key else None) for t in tables.values()], marker_df,
-            before.commit_lsn, f"{cfg.topic_prefix}.message")
+            before.commit_lsn, f"{cfg.topic_prefix}.message", now_ms)
         step("decode+summary")
         if bad:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
@@ -338,7 +340,7 @@ class BatchProcessor:
                     changes_by_table[work.collection] = work.events
         step("merge")
 
-        pending_version = self._save_pending(tables, marker_df, raw, plan)
+        pending_version = self._save_pending(tables, marker_df, raw, plan, now_ms)
         step("pending")
         oldest_age = ((now_ms - plan.oldest_pending.first_seen_ms) / 1000
                       if plan.oldest_pending else None)
@@ -372,7 +374,8 @@ class BatchProcessor:
                 return None
             key = ()  # no key schema and no table yet: the source table has no replica identity
         lo, hi = plan.watermark_before, plan.watermark_after
-        changes = table.events.filter((F.col(E.COMMIT_LSN) > lo) & (F.col(E.COMMIT_LSN) <= hi)
+        lsn = F.col(E.COMMIT_LSN)
+        changes = table.events.filter(batch_values.greater(lsn, lo) & batch_values.at_most(lsn, hi)
                                       & summary.usable()).drop(E.OK)
         tc = merge.TableChanges(
             info.schema, info.table, path, key, table.columns, changes,
@@ -383,18 +386,20 @@ class BatchProcessor:
         return merge.apply(self.spark, tc)
 
     def _save_pending(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,
-                      plan: Plan) -> int | None:
+                      plan: Plan, now_ms: int) -> int | None:
         """Records of later transactions wait in the pending table; None when none wait."""
         if not plan.pending:
             return None
-        later = F.col(E.COMMIT_LSN) > plan.watermark_after
+        later = batch_values.greater(F.col(E.COMMIT_LSN), plan.watermark_after)
         coords = [F.col(E.TOPIC).alias("topic"), F.col(E.PARTITION).alias("partition"),
                   F.col(E.OFFSET).alias("offset")]
         waiting = reduce(DataFrame.unionByName, [
             t.events.filter(summary.usable() & later).select(*coords) for t in tables.values()
         ] + [marker_df.filter(F.col(E.OK) & later).select(*coords)])
+        first_seen = batch_values.or_value(F.col(E.FIRST_SEEN), now_ms)  # null: read now
         return pending.save(self.spark, self.config.pending_path,
-                            raw.join(waiting, COORDS, "left_semi"))
+                            raw.join(waiting, COORDS, "left_semi")
+                            .withColumn(E.FIRST_SEEN, first_seen))
 
     def _key(self, info: _TopicInfo, path: str) -> tuple[str, ...] | None:
         if info.key_ids:

@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
 
+from spark_consumer import batch_values
 from spark_consumer import envelope as E
 from spark_consumer.reassembly import MarkerStats, TableStats
 
@@ -60,7 +61,8 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
     key_type = next((f.dataType for f in events.schema.fields if f.name == key), None)
     k_long, k_str = _key_bounds(key_type, key)
     reason = bad_reason()
-    return events.filter(reason.isNotNull() | (F.col(E.COMMIT_LSN) > watermark)).select(
+    later = batch_values.greater(F.col(E.COMMIT_LSN), watermark)
+    return events.filter(reason.isNotNull() | later).select(
         F.lit("d").alias("kind"),
         reason.alias("bad"),
         F.col(E.TX_ID).alias("tx"),
@@ -81,7 +83,8 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
 
 
 def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
-    return markers.filter(~F.col(E.OK) | (F.col(E.COMMIT_LSN) > watermark)).select(
+    later = batch_values.greater(F.col(E.COMMIT_LSN), watermark)
+    return markers.filter(~F.col(E.OK) | later).select(
         F.lit("m").alias("kind"),
         F.when(~F.col(E.OK), F.lit(NOT_DECODED)).alias("bad"),
         F.col(E.TX_ID).alias("tx"),
@@ -102,9 +105,10 @@ def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
 
 
 def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
-            watermark: int, message_collection: str,
+            watermark: int, message_collection: str, now_ms: int,
             ) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
-    """Run the batch's one aggregation. `tables`: (decoded events, first key column or None)."""
+    """Run the batch's one aggregation. `tables`: (decoded events, first key column or None).
+    Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`."""
     parts = [_data_rows(df, key, watermark) for df, key in tables] + [
         _marker_rows(markers, watermark)]
     rows = reduce(DataFrame.unionByName, parts)
@@ -134,6 +138,7 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
     marks: list[MarkerStats] = []
     bad: list[BadRecord] = []
     for r in agg:
+        seen = now_ms if r["seen"] is None else r["seen"]
         if r["bad"] is not None:
             bad.append(BadRecord(r["topic"], r["first"]["part"], r["first"]["off"], r["bad"],
                                  r["records"]))
@@ -144,13 +149,13 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
                 low = high = None
             data.append(TableStats(
                 tx_id=r["tx"], collection=r["coll"], topic=r["topic"], commit_lsn=r["lsn"],
-                events=r["events"], records=r["records"], first_seen_ms=r["seen"],
+                events=r["events"], records=r["records"], first_seen_ms=seen,
                 truncate_order=r["t_ord"], truncates=r["truncates"], toast_columns=frozenset(r["toast"] or ()),
                 key_min=low, key_max=high, only_inserts=not r["not_insert"]))
         else:
             expected = {d["data_collection"]: d["event_count"] for d in (r["dcs"] or ())
                         if d["data_collection"] != message_collection}
             marks.append(MarkerStats(r["tx"], r["lsn"], bool(r["has_end"]), expected,
-                                     r["records"], r["seen"]))
+                                     r["records"], seen))
     bad.sort(key=lambda b: (b.topic, b.partition, b.offset))
     return data, marks, bad
