@@ -37,6 +37,7 @@ from pyspark.sql.types import DataType, LongType, StringType, StructField, Struc
 from pyspark.sql.window import Window
 
 from spark_consumer import envelope as E
+from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ApplyError
 from spark_consumer.key_moves import resolve_moved_toast
 
@@ -411,9 +412,3 @@ def apply(spark: SparkSession, tc: TableChanges) -> int:
     else:
         apply_append_only(spark, tc)
     return table_version(spark, tc.path)
-
-
-def table_version(spark: SparkSession, path: str) -> int:
-    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
-    assert row is not None
-    return int(row["version"])

@@ -18,6 +18,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_consumer.delta_version import table_version
+
 RAW_SCHEMA = StructType([
     StructField("topic", StringType(), False),
     StructField("partition", IntegerType(), False),
@@ -39,6 +41,4 @@ def load(spark: SparkSession, path: str, version: int | None) -> DataFrame:
 def save(spark: SparkSession, path: str, rows: DataFrame) -> int:
     """Overwrite with the records still waiting; returns the new table version."""
     rows.select(*RAW_SCHEMA.fieldNames()).write.format("delta").mode("overwrite").save(path)
-    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
-    assert row is not None
-    return int(row["version"])
+    return table_version(spark, path)
