@@ -32,7 +32,7 @@ FOREIGN_ENV: Final = frozenset(
         "WALBRIDGE_MAX_PENDING_RECORDS", "WALBRIDGE_MAX_PENDING_AGE_S",
         "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER", "WALBRIDGE_SPARK_MASTER",
         "WALBRIDGE_SPARK_DRIVER_MEMORY", "WALBRIDGE_SPARK_CONNECTOR_VERSION",
-        "WALBRIDGE_MERGE_THREADS",
+        "WALBRIDGE_MERGE_THREADS", "WALBRIDGE_CONSUMER_METRICS_PORT",
     }
 )  # fmt: skip
 
@@ -54,6 +54,9 @@ class ProducerConfig:
     publication: str = "walbridge"
     slot: str = "walbridge"
     tables: str = ""  # comma-separated schema.table; empty = all tables
+    # A partitioned table is published under its root's name (one topic per parent); false
+    # publishes each leaf partition as a table of its own.
+    publish_via_partition_root: bool = True
     topic_prefix: str = ""  # empty: the database name
     metrics_port: int = 9464  # 0: no HTTP endpoint
     metrics_host: str = "0.0.0.0"

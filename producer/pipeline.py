@@ -171,6 +171,7 @@ class Pipeline:
                     "slot": cfg.slot,
                     "publication": cfg.publication,
                     "tables": cfg.tables,
+                    "publish_via_partition_root": cfg.publish_via_partition_root,
                     "proto_version": 1,
                     "messages": cfg.messages,
                     "status_interval": cfg.status_interval_s,
@@ -398,7 +399,6 @@ class Pipeline:
 
     def _on_relation(self, message: Relation, lsn: int) -> None:
         self.tables.on_relation(message, lsn)
-        self.health.degraded = None
 
     def _on_type(self, message: Type, lsn: int) -> None:
         self.sql.run(lambda conn: on_type_message(self.catalog, conn, message.type_oid))
@@ -406,9 +406,14 @@ class Pipeline:
     def _route(self, relation_id: int, lsn: int) -> TableRoute:
         route = self._routes.get(relation_id)
         if route is None:
-            raise StreamStateError(
-                f"change for relation {relation_id} before its Relation message", lsn
-            )
+            # The first change since the Relation message: the route is built now (topic,
+            # schemas), the fast path having declined an unknown relation.
+            route = self.tables.route(relation_id)
+            if route is None:
+                raise StreamStateError(
+                    f"change for relation {relation_id} before its Relation message", lsn
+                )
+            self.health.degraded = None  # the registry answered, after retries if any
         return route
 
     def _fast_dml(self, payload: bytes | memoryview, tag: int, lsn: int) -> bool:

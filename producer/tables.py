@@ -83,8 +83,32 @@ class TableRoutes:
         self._unmapped = UnmappedColumnLog(log.warning)
         self._warned_keyless: set[str] = set()
         self.routes: dict[int, TableRoute] = {}
+        # Relations announced but not used by a change yet (with the LSN of their message).
+        self._announced: dict[int, tuple[Relation, int]] = {}
 
-    def on_relation(self, relation: Relation, lsn: int) -> TableRoute:
+    def on_relation(self, relation: Relation, lsn: int) -> None:
+        """Remember a Relation message; its route is built at the relation's first change.
+
+        Lazily, because a Relation is not always followed by changes of that relation: with
+        publish_via_partition_root, PostgreSQL 15's pgoutput sends a partition's own Relation
+        right after its root's, while the changes name the root. Building eagerly gave every
+        leaf partition a topic and registered schemas that never carry an event."""
+        self.routes.pop(relation.relation_id, None)  # a new Relation replaces the old shape
+        self._announced[relation.relation_id] = (relation, lsn)
+
+    def route(self, relation_id: int) -> TableRoute | None:
+        """The relation's route, built now if this is its first change since its Relation;
+        None when no Relation message announced it."""
+        route = self.routes.get(relation_id)
+        if route is None:
+            announced = self._announced.get(relation_id)
+            if announced is None:
+                return None
+            route = self._build(*announced)  # may raise (registry, catalog): nothing is lost
+            del self._announced[relation_id]
+        return route
+
+    def _build(self, relation: Relation, lsn: int) -> TableRoute:
         schema = relation.namespace or "pg_catalog"
         topic = table_topic(self._prefix, schema, relation.name)
         oids = [c.type_oid for c in relation.columns]

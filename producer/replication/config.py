@@ -63,7 +63,8 @@ class ReplicationConfig:
     publication: str
     # Publication set-up: an empty table list means FOR ALL TABLES when it must be created.
     tables: tuple[TableName, ...] = ()
-    publish_via_partition_root: bool = False
+    # Partitioned tables arrive under the root's name (one topic and lake table per parent).
+    publish_via_partition_root: bool = True
     create_publication: bool = True
     create_slot: bool = True
     # START_REPLICATION options for pgoutput.

@@ -70,6 +70,9 @@ class PublicationInfo:
     tables: tuple[TableName, ...]
     publish_via_partition_root: bool
     publishes_truncate: bool
+    # Whether a partitioned table (or a partition) is published: only then does
+    # publish_via_partition_root change what the stream carries.
+    publishes_partitions: bool = False
 
 
 def identify_system(conn: WalsenderConnection) -> SystemIdentity:
@@ -251,6 +254,7 @@ def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -
         info.tables,
         info.publish_via_partition_root,
         info.publishes_truncate,
+        info.publishes_partitions,
     )
 
 
@@ -295,7 +299,21 @@ def _read_publication(
             (name,),
         )
     )
-    return PublicationInfo(name, False, all_tables, tables, via_root, trunc)
+    partitions = session.execute(_PUBLISHES_PARTITIONS, (name,)).fetchone()
+    return PublicationInfo(
+        name, False, all_tables, tables, via_root, trunc, bool(partitions and partitions[0])
+    )
+
+
+_PUBLISHES_PARTITIONS = """
+SELECT EXISTS (
+    SELECT 1
+    FROM pg_publication_tables pt
+    JOIN pg_namespace n ON n.nspname = pt.schemaname
+    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+    WHERE pt.pubname = %s AND (c.relispartition OR c.relkind = 'p')
+)
+"""
 
 
 # pg_publication_tables lists what is published under its published name: the partition root
@@ -343,11 +361,21 @@ def _unpublished_tables(session: psycopg.Connection, config: ReplicationConfig) 
 def _check_publication(
     info: PublicationInfo, config: ReplicationConfig, unpublished: list[TableName]
 ) -> None:
-    if info.publish_via_partition_root != config.publish_via_partition_root:
+    # The setting only matters for partitioned tables: it decides whether their changes arrive
+    # under the root's name (one topic, one lake table) or under each leaf's. A publication
+    # without partitions is accepted whatever its setting.
+    if (
+        info.publishes_partitions
+        and info.publish_via_partition_root != config.publish_via_partition_root
+    ):
+        want = "true" if config.publish_via_partition_root else "false"
         raise ReplicationError(
             ErrorKind.PUBLICATION,
-            f"publication {info.name!r} has publish_via_partition_root = "
-            f"{info.publish_via_partition_root}, configured {config.publish_via_partition_root}",
+            f"publication {info.name!r} publishes partitioned tables with "
+            f"publish_via_partition_root = {str(info.publish_via_partition_root).lower()}, "
+            f"configured {want}: run ALTER PUBLICATION {info.name} SET "
+            f"(publish_via_partition_root = {want}), or set --publish-via-partition-root "
+            f"to match (false publishes each leaf partition as a table of its own)",
             slot=config.slot,
         )
     if unpublished:

@@ -345,10 +345,57 @@ def test_publication_of_a_partitioned_table_is_accepted_either_way(
         assert not client.ensure_publication().created
 
 
+@pytest.mark.parametrize("via_root", [False, True])
+def test_existing_publication_of_partitions_with_the_other_setting_is_refused(
+    env: Env, via_root: bool
+) -> None:
+    # With partitions in it, the setting decides under which names changes arrive (root or
+    # leaves): a publication that says otherwise is refused with the statement that fixes it.
+    env.admin.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY) PARTITION BY HASH (id)").format(
+            sql.Identifier(env.schema, "hashed")
+        )
+    )
+    env.admin.execute(
+        sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES WITH (MODULUS 2, REMAINDER 0)").format(
+            sql.Identifier(env.schema, "hashed_0"), sql.Identifier(env.schema, "hashed")
+        )
+    )
+    env.admin.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = {})").format(
+            sql.Identifier(env.publication),
+            sql.Identifier(env.schema, "hashed"),
+            sql.Literal(not via_root),
+        )
+    )
+    with (
+        ReplicationClient(env.dsn, env.config("hashed", publish_via_partition_root=via_root))
+        as client,
+        pytest.raises(ReplicationError, match=r"ALTER PUBLICATION .* SET") as info,
+    ):
+        client.ensure_publication()
+    assert info.value.kind is ErrorKind.PUBLICATION
+    assert f"publish_via_partition_root = {str(via_root).lower()}" in str(info.value)
+
+
+@pytest.mark.parametrize("via_root", [False, True])
+def test_existing_publication_without_partitions_is_accepted_whatever_its_setting(
+    env: Env, via_root: bool
+) -> None:
+    env.admin.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = {})").format(
+            sql.Identifier(env.publication), sql.Identifier(env.schema, "t"), sql.Literal(via_root)
+        )
+    )
+    with ReplicationClient(env.dsn, env.config("t")) as client:
+        info = client.ensure_publication()
+    assert not info.created and not info.publishes_partitions
+    assert info.publish_via_partition_root is via_root
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"publish_via_partition_root": True}, "publish_via_partition_root"),
         ({"tables": (TableName("public", "not_in_it"),)}, "does not include public.not_in_it"),
     ],
 )
