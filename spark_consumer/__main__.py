@@ -6,8 +6,15 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from spark_consumer.errors import ConsumerError
+from spark_consumer.metrics import ConsumerMetrics
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("walbridge.consumer")
 
 USAGE = "usage: walbridge-consumer {run,verify} [options]  (--help after the command for options)"
 
@@ -34,19 +41,40 @@ def _run(argv: list[str]) -> int:
     from spark_consumer.source import start
 
     config = parse_run(argv, os.environ)  # fail fast, before Spark starts
+    metrics = ConsumerMetrics()
+    if config.metrics_port:
+        metrics.serve("0.0.0.0", config.metrics_port)
     spark = build_session("walbridge-consumer")
-    processor = BatchProcessor(spark, config, WriterSchemas.from_url(config.schema_registry_url))
+    processor = BatchProcessor(spark, config, WriterSchemas.from_url(config.schema_registry_url),
+                               metrics=metrics)
     from pyspark.errors import StreamingQueryException
 
     query = start(spark, config, processor)
     try:
-        query.awaitTermination()
+        _watch(query, metrics)
     except StreamingQueryException as exc:
         # The batch's ConsumerError arrives wrapped; its message names topic/partition/offset
         # or the transaction.
         print(f"walbridge-consumer: stopped: {exc.getMessage()}", file=sys.stderr)
         return 1
     return 0
+
+
+def _watch(query: StreamingQuery, metrics: ConsumerMetrics, every_s: int = 5) -> None:
+    """Wait for the query to end; meanwhile turn Spark's progress into the Kafka lag and the
+    catch-up ETA, logged once per new batch while the job is behind."""
+    seen = None
+    while not query.awaitTermination(every_s):
+        progress = query.lastProgress
+        if not progress or progress.get("batchId") == seen:
+            continue
+        seen = progress.get("batchId")
+        state = metrics.observe_progress(progress)
+        if state is not None and state.behind:
+            log.info("catching up: %d Kafka record(s) behind, %s records/s, ETA %s",
+                     state.behind,
+                     f"{state.records_per_s:.0f}" if state.records_per_s else "-",
+                     f"{state.eta_s:.0f}s" if state.eta_s is not None else "unknown")
 
 
 def _verify(argv: list[str]) -> int:

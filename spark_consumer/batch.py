@@ -30,8 +30,10 @@ from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.decode import markers, table_events, with_envelope_from_avro
 from spark_consumer.decode_fastavro import with_envelope_fastavro
+from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
 from spark_consumer.framing import schema_id_col
+from spark_consumer.metrics import ConsumerMetrics
 from spark_consumer.reassembly import Plan, TableWork, check_age, decide
 from spark_consumer.registry import SchemaNotFound, WriterSchemas
 from spark_consumer.topics import TopicKind, classify, transaction_topic
@@ -52,6 +54,7 @@ class BatchReport:
     batch_id: int
     skipped: bool = False
     commit_lsn: int = progress.NO_LSN
+    commit_ts_ms: int | None = None  # source commit time of the last applied transaction
     applied_transactions: int = 0
     changes_by_table: dict[str, int] = field(default_factory=dict)
     table_versions: dict[str, int] = field(default_factory=dict)
@@ -97,19 +100,24 @@ class _Table:
 class BatchProcessor:
     def __init__(self, spark: SparkSession, config: ConsumerConfig, schemas: WriterSchemas,
                  conversions: FieldConversions = DEFAULT_CONVERSIONS,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 metrics: ConsumerMetrics | None = None) -> None:
         self.spark = spark
         self.config = config
         self.schemas = schemas
         self.conversions = conversions
         self.clock_ms = clock_ms
+        self.metrics = metrics
         self.reports: list[BatchReport] = []
         # The progress row of the last batch this process applied: this job is the table's
         # only writer, so it is read from Delta once, at the first batch.
         self._last: progress.Progress | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.reports.append(self.process(batch, batch_id))
+        report = self.process(batch, batch_id)
+        self.reports.append(report)
+        if self.metrics is not None:
+            self.metrics.observe_batch(report, self.clock_ms())
 
     def _decode(self, rows: DataFrame, schema_text: str) -> DataFrame:
         if self.config.decoder is Decoder.FASTAVRO:
@@ -340,7 +348,8 @@ class BatchProcessor:
                     changes_by_table[work.collection] = work.events
         step("merge")
 
-        pending_version = self._save_pending(tables, marker_df, raw, plan, now_ms)
+        pending_version = self._save_pending(tables, marker_df, raw, plan, now_ms,
+                                             before.pending_version)
         step("pending")
         oldest_age = ((now_ms - plan.oldest_pending.first_seen_ms) / 1000
                       if plan.oldest_pending else None)
@@ -353,7 +362,7 @@ class BatchProcessor:
                         plan.applied_transactions, plan.pending_transactions, oldest_age)
         step("progress")
         return after, BatchReport(
-            batch_id=batch_id, commit_lsn=plan.watermark_after,
+            batch_id=batch_id, commit_lsn=plan.watermark_after, commit_ts_ms=plan.commit_ts_ms,
             applied_transactions=plan.applied_transactions,
             changes_by_table=changes_by_table, table_versions=versions,
             pending_transactions=plan.pending_transactions,
@@ -386,20 +395,30 @@ class BatchProcessor:
         return merge.apply(self.spark, tc)
 
     def _save_pending(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,
-                      plan: Plan, now_ms: int) -> int | None:
-        """Records of later transactions wait in the pending table; None when none wait."""
+                      plan: Plan, now_ms: int, pending_before: int | None) -> int | None:
+        """Records of later transactions wait in the pending table; None when none wait.
+
+        When the batch applied nothing, every record that waited still waits: only this
+        batch's records are appended. So a source transaction larger than a batch (5M rows
+        read over many capped batches) writes each record once, not once per batch."""
         if not plan.pending:
             return None
+        # Append only onto the very version this batch read: after a crash that wrote a newer
+        # one, overwrite (the replay rebuilds the state from the version read).
+        append = (plan.applied_transactions == 0 and pending_before is not None
+                  and table_version(self.spark, self.config.pending_path) == pending_before)
         later = batch_values.greater(F.col(E.COMMIT_LSN), plan.watermark_after)
         coords = [F.col(E.TOPIC).alias("topic"), F.col(E.PARTITION).alias("partition"),
                   F.col(E.OFFSET).alias("offset")]
         waiting = reduce(DataFrame.unionByName, [
             t.events.filter(summary.usable() & later).select(*coords) for t in tables.values()
         ] + [marker_df.filter(F.col(E.OK) & later).select(*coords)])
+        rows = raw.join(waiting, COORDS, "left_semi")
+        if append:
+            rows = rows.filter(F.col(E.FIRST_SEEN).isNull())  # read by this batch, not before
         first_seen = batch_values.or_value(F.col(E.FIRST_SEEN), now_ms)  # null: read now
         return pending.save(self.spark, self.config.pending_path,
-                            raw.join(waiting, COORDS, "left_semi")
-                            .withColumn(E.FIRST_SEEN, first_seen))
+                            rows.withColumn(E.FIRST_SEEN, first_seen), append=append)
 
     def _key(self, info: _TopicInfo, path: str) -> tuple[str, ...] | None:
         if info.key_ids:
@@ -423,6 +442,6 @@ class BatchProcessor:
 
 _MARKER_SCHEMA = (
     "_topic string, _partition int, _offset long, _first_seen long, _status string, "
-    "_tx_id string, _commit_lsn long, _event_count long, "
+    "_tx_id string, _commit_lsn long, _ts_ms long, _event_count long, "
     "_data_collections array<struct<data_collection:string,event_count:long>>, _ok boolean"
 )

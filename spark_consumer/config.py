@@ -29,6 +29,16 @@ _TRIGGER = re.compile(
 )
 
 DEFAULT_TRIGGER = "10 seconds"
+# A batch reads at most this many Kafka records (Spark's maxOffsetsPerTrigger), so the first
+# batch after an outage does not try to swallow the backlog: on 2 cores about 3-6 s of work,
+# and the per-transaction summary that reaches the driver stays bounded (a TPC-B-shaped
+# backlog is ~7 records per transaction: ~36k transactions per batch). 0: no cap.
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 250_000
+# Records of incomplete transactions wait in a Delta table on disk, not in memory; the limit
+# guards disk and the re-read cost. It must let one huge source transaction (5M rows, spread
+# over many capped batches) through with the defaults.
+DEFAULT_MAX_PENDING_RECORDS = 20_000_000
+DEFAULT_METRICS_PORT = 9465
 
 
 @dataclass(frozen=True)
@@ -42,10 +52,11 @@ class ConsumerConfig:
     available_now: bool = False
     quarantine_path: str | None = None
     max_pending_age_s: float = 900.0
-    max_pending_records: int = 5_000_000
-    max_offsets_per_trigger: int | None = None
+    max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS
+    max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER  # None: no cap
     decoder: Decoder = Decoder.FROM_AVRO
     merge_threads: int = 4  # tables merged concurrently within a batch
+    metrics_port: int = 0  # 0: no HTTP endpoint (the command line's default is 9465)
 
     @property
     def progress_path(self) -> str:
@@ -82,6 +93,7 @@ RUN_ENV: Final = {
     "max_offsets_per_trigger": "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER",
     "decoder": "WALBRIDGE_DECODER",
     "merge_threads": "WALBRIDGE_MERGE_THREADS",
+    "metrics_port": "WALBRIDGE_CONSUMER_METRICS_PORT",
 }
 VERIFY_ENV: Final = {
     "pg_dsn": "WALBRIDGE_PG_DSN",
@@ -127,12 +139,17 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--available-now", action="store_const", const=True)
     p.add_argument("--quarantine-path")
     p.add_argument("--max-pending-age-s", type=float, help="default 900")
-    p.add_argument("--max-pending-records", type=int, help="default 5000000")
-    p.add_argument("--max-offsets-per-trigger", type=int)
+    p.add_argument("--max-pending-records", type=int,
+                   help=f"default {DEFAULT_MAX_PENDING_RECORDS}")
+    p.add_argument("--max-offsets-per-trigger", type=int,
+                   help=f"Kafka records per batch at most (default "
+                        f"{DEFAULT_MAX_OFFSETS_PER_TRIGGER}; 0: no cap)")
     p.add_argument("--decoder", choices=[d.value for d in Decoder],
                    help=f"default {Decoder.FROM_AVRO.value}")
     p.add_argument("--merge-threads", type=int,
                    help="tables merged concurrently within a batch (default 4)")
+    p.add_argument("--metrics-port", type=int,
+                   help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}; 0: off)")
     return p
 
 
@@ -151,6 +168,7 @@ _PARSE_ENV: Final[dict[str, Callable[[str], Any]]] = {
     "max_pending_records": int,
     "max_offsets_per_trigger": int,
     "merge_threads": int,
+    "metrics_port": int,
 }
 
 _SECRET: Final = frozenset({"pg_dsn"})  # may hold a password: never echoed
@@ -206,14 +224,20 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
     if trigger is not None and not _TRIGGER.match(trigger.strip()):
         raise ConfigError(f"trigger {trigger!r} is not an interval like '10 seconds'")
     max_age = 900.0 if v["max_pending_age_s"] is None else v["max_pending_age_s"]
-    max_records = 5_000_000 if v["max_pending_records"] is None else v["max_pending_records"]
+    max_records = (DEFAULT_MAX_PENDING_RECORDS if v["max_pending_records"] is None
+                   else v["max_pending_records"])
     merge_threads = 4 if v["merge_threads"] is None else v["merge_threads"]
     if not (math.isfinite(max_age) and max_age > 0) or max_records <= 0:
         raise ConfigError("--max-pending-age-s and --max-pending-records must be positive")
     if merge_threads <= 0:
         raise ConfigError("--merge-threads must be positive")
-    if v["max_offsets_per_trigger"] is not None and v["max_offsets_per_trigger"] <= 0:
-        raise ConfigError("--max-offsets-per-trigger must be positive")
+    cap = (DEFAULT_MAX_OFFSETS_PER_TRIGGER if v["max_offsets_per_trigger"] is None
+           else v["max_offsets_per_trigger"])
+    if cap < 0:
+        raise ConfigError("--max-offsets-per-trigger must be positive, or 0 for no cap")
+    metrics_port = DEFAULT_METRICS_PORT if v["metrics_port"] is None else v["metrics_port"]
+    if not 0 <= metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port must be 0-65535, got {metrics_port}")
     try:
         decoder = Decoder(v["decoder"] or Decoder.FROM_AVRO.value)
     except ValueError as exc:
@@ -234,9 +258,10 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         quarantine_path=v["quarantine_path"],
         max_pending_age_s=max_age,
         max_pending_records=max_records,
-        max_offsets_per_trigger=v["max_offsets_per_trigger"],
+        max_offsets_per_trigger=cap or None,
         decoder=decoder,
         merge_threads=merge_threads,
+        metrics_port=metrics_port,
     )
 
 

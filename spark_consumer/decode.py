@@ -76,6 +76,7 @@ def markers(decoded: DataFrame) -> DataFrame:
         env["status"].alias("_status"),
         env["id"].alias(E.TX_ID),
         env["commit_lsn"].alias(E.COMMIT_LSN),
+        env["ts_ms"].alias("_ts_ms"),  # the source commit time: the consumer's lag
         env["event_count"].alias("_event_count"),
         env["data_collections"].alias("_data_collections"),
         env.isNotNull().alias(E.OK),

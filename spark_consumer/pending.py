@@ -38,7 +38,9 @@ def load(spark: SparkSession, path: str, version: int | None) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
-def save(spark: SparkSession, path: str, rows: DataFrame) -> int:
-    """Overwrite with the records still waiting; returns the new table version."""
-    rows.select(*RAW_SCHEMA.fieldNames()).write.format("delta").mode("overwrite").save(path)
+def save(spark: SparkSession, path: str, rows: DataFrame, *, append: bool = False) -> int:
+    """Overwrite with the records still waiting, or with `append` add records to the state
+    of the version read (which must be the latest); returns the new table version."""
+    mode = "append" if append else "overwrite"
+    rows.select(*RAW_SCHEMA.fieldNames()).write.format("delta").mode(mode).save(path)
     return table_version(spark, path)

@@ -59,6 +59,7 @@ class MarkerStats:
     expected: Mapping[str, int]  # END's data_collections, table collections only
     records: int
     first_seen_ms: int
+    commit_ts_ms: int | None = None  # the source commit time (the markers' ts_ms)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Plan:
     tables: tuple[TableWork, ...]
     pending: tuple[TxSummary, ...] = field(default=())  # oldest first
     pending_records: int = 0
+    # Source commit time of the last applied transaction (None: nothing applied)
+    commit_ts_ms: int | None = None
 
     @property
     def pending_transactions(self) -> int:
@@ -195,7 +198,9 @@ def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats],
     pending_records = sum(
         sum(s.records for s in by_tx.get(tx, {}).values())
         + (mark[tx].records if tx in mark else 0) for tx in waiting)
-    return Plan(watermark, w_after, len(applied), tuple(work), tuple(pending), pending_records)
+    last = mark.get(applied[-1]) if applied else None
+    return Plan(watermark, w_after, len(applied), tuple(work), tuple(pending), pending_records,
+                last.commit_ts_ms if last else None)
 
 
 def check_age(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> None:

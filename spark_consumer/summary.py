@@ -79,6 +79,7 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
         k_str.alias("k_str"),
         F.lit(None).cast("string").alias("status"),
         F.lit(None).cast("array<struct<data_collection:string,event_count:long>>").alias("dcs"),
+        F.lit(None).cast("long").alias("ts"),
     )
 
 
@@ -101,6 +102,7 @@ def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
         F.lit(None).cast("string").alias("k_str"),
         F.col("_status").alias("status"),
         F.col("_data_collections").alias("dcs"),
+        F.col("_ts_ms").alias("ts"),
     )
 
 
@@ -132,6 +134,7 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
         F.max(F.col("op") != "c").alias("not_insert"),
         F.max(end).alias("has_end"),
         F.max(F.when(end, F.col("dcs"))).alias("dcs"),
+        F.max("ts").alias("ts"),
         F.min(F.struct("part", "off")).alias("first"),
     ).collect()
     data: list[TableStats] = []
@@ -156,6 +159,6 @@ def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
             expected = {d["data_collection"]: d["event_count"] for d in (r["dcs"] or ())
                         if d["data_collection"] != message_collection}
             marks.append(MarkerStats(r["tx"], r["lsn"], bool(r["has_end"]), expected,
-                                     r["records"], seen))
+                                     r["records"], seen, r["ts"]))
     bad.sort(key=lambda b: (b.topic, b.partition, b.offset))
     return data, marks, bad

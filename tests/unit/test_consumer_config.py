@@ -80,3 +80,23 @@ def test_bad_command_line_is_not_echoed(capsys: pytest.CaptureFixture[str]) -> N
         parse_verify(["--pg-dsn=dbname=y password=hunter3", "--nope"], {})
     assert "hunter" not in str(info.value)
     assert "hunter" not in capsys.readouterr().err
+
+
+def test_batches_are_capped_by_default_and_the_cap_can_be_lifted() -> None:
+    # The first batch after an outage must not swallow the whole backlog.
+    from spark_consumer.config import DEFAULT_MAX_OFFSETS_PER_TRIGGER, DEFAULT_METRICS_PORT
+
+    default = parse_run([], ENV)
+    assert default.max_offsets_per_trigger == DEFAULT_MAX_OFFSETS_PER_TRIGGER > 0
+    assert default.metrics_port == DEFAULT_METRICS_PORT
+    # One huge source transaction spans many capped batches: the pending limit lets 5M
+    # rows through with the defaults.
+    assert default.max_pending_records > 5_000_000 + 2
+    assert parse_run(["--max-offsets-per-trigger", "0"], ENV).max_offsets_per_trigger is None
+    assert parse_run([], {**ENV, "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER": "1000"}
+                     ).max_offsets_per_trigger == 1000
+    with pytest.raises(ConfigError, match="max-offsets-per-trigger"):
+        parse_run(["--max-offsets-per-trigger", "-1"], ENV)
+    assert parse_run([], {**ENV, "WALBRIDGE_CONSUMER_METRICS_PORT": "0"}).metrics_port == 0
+    with pytest.raises(ConfigError, match="metrics-port"):
+        parse_run(["--metrics-port", "70000"], ENV)

@@ -179,3 +179,12 @@ def test_planning_a_million_small_transactions_is_linear() -> None:
     assert sorted(w.collection for w in plan.tables) == list(tables)
     assert sum(w.events for w in plan.tables) == n - 1
     assert elapsed < 60, f"planning 1M transactions took {elapsed:.1f}s"
+
+
+def test_plan_carries_the_commit_time_of_the_last_applied_transaction() -> None:
+    data = [stats("1:100", 100), stats("2:200", 200)]
+    marks = [MarkerStats("1:100", 100, True, {"public.a": 1}, 2, 0, 1_111),
+             MarkerStats("2:200", 200, False, {}, 1, 0, 2_222)]  # no END yet: waits
+    plan = decide(data, marks, watermark=-1)
+    assert (plan.watermark_after, plan.commit_ts_ms) == (100, 1_111)
+    assert decide([], [], watermark=-1).commit_ts_ms is None
