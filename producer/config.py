@@ -1,6 +1,6 @@
 """Producer configuration: one spec per setting, read from a flag or its WALBRIDGE_* variable.
 
-Fails fast (DESIGN.md style rule 7): an unknown WALBRIDGE_* variable, a flag and a variable
+Fails fast: an unknown WALBRIDGE_* variable, a flag and a variable
 that disagree, or settings that contradict each other are errors before any I/O.
 Every setting ``x_y`` has the flag ``--x-y`` and the variable ``WALBRIDGE_X_Y``.
 """
@@ -14,27 +14,11 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, Final
 
 from producer.errors import ConfigError
+from schemas import settings
 
 ENV_PREFIX: Final = "WALBRIDGE_"
 COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-# WALBRIDGE_* variables owned by other walbridge tools (local stack, Spark consumer); the
-# producer shares their environment (`eval "$(deploy/local/stack env)"`), so they are not typos.
-FOREIGN_ENV: Final = frozenset(
-    {
-        "WALBRIDGE_HOME", "WALBRIDGE_PG_PORT", "WALBRIDGE_KAFKA_PORT",
-        "WALBRIDGE_KAFKA_CONTROLLER_PORT", "WALBRIDGE_REGISTRY_PORT", "WALBRIDGE_KAFKA_HEAP",
-        "WALBRIDGE_REGISTRY_HEAP", "WALBRIDGE_STACK_TIMEOUT", "WALBRIDGE_MAVEN_ARGS",
-        "WALBRIDGE_JAVA", "WALBRIDGE_DOWNLOADS", "WALBRIDGE_PYTHON",
-        "WALBRIDGE_LAKE_PATH", "WALBRIDGE_CHECKPOINT_PATH", "WALBRIDGE_TRIGGER",
-        "WALBRIDGE_AVAILABLE_NOW", "WALBRIDGE_QUARANTINE_PATH", "WALBRIDGE_DECODER",
-        "WALBRIDGE_MAX_PENDING_RECORDS", "WALBRIDGE_MAX_PENDING_AGE_S",
-        "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER", "WALBRIDGE_SPARK_MASTER",
-        "WALBRIDGE_SPARK_DRIVER_MEMORY", "WALBRIDGE_SPARK_CONNECTOR_VERSION",
-        "WALBRIDGE_MERGE_THREADS", "WALBRIDGE_CONSUMER_METRICS_PORT",
-    }
-)  # fmt: skip
 
 
 def _bool(text: str) -> bool:
@@ -196,10 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
     """Flags first, then WALBRIDGE_* variables, then defaults; see the module doc for errors."""
-    known_env = {env_name(name) for name in _FIELDS}
-    unknown = sorted(
-        k for k in env if k.startswith(ENV_PREFIX) and k not in known_env and k not in FOREIGN_ENV
-    )
+    # Every tool's variables are known (one shell carries them all): schemas.settings.
+    unknown = settings.unknown(env)
     if unknown:
         raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
     try:

@@ -1,6 +1,6 @@
 """Row changes -> Debezium-style event records (Avro-ready dicts). Pure, no I/O.
 
-``before`` follows the table's replica identity (DESIGN.md, issue 5):
+``before`` follows the table's replica identity (CONTRACT.md, "Events"):
 
 - DEFAULT / USING INDEX: the old tuple is key-only ('K'): ``before`` holds the key columns
   (the others null) on delete, and an update that changes the key becomes a delete of the old

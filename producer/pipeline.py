@@ -60,13 +60,7 @@ from producer.pgoutput import (
 from producer.replication import ReplicationClient, ReplicationConfig
 from producer.sql_session import SqlSession
 from producer.tables import TableRoute, TableRoutes
-from producer.topics import (
-    TopicManager,
-    TopicPolicy,
-    heartbeat_topic,
-    message_topic,
-    transaction_topic,
-)
+from producer.topics import TopicManager, TopicPolicy
 from producer.transactions import Transaction
 from schemas.catalog import on_type_message
 from schemas.envelope import (
@@ -76,6 +70,7 @@ from schemas.envelope import (
     transaction_key_schema,
     transaction_metadata_schema,
 )
+from schemas.topics import heartbeat_topic, message_topic, transaction_topic
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder
 

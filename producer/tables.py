@@ -15,11 +15,12 @@ from producer.envelope_writer import TableEnvelopeWriter
 from producer.events import Row, TableShape
 from producer.pgoutput import Relation
 from producer.sql_session import SqlSession
-from producer.topics import TopicManager, table_topic
+from producer.topics import TopicManager
 from schemas.catalog import ensure_types
 from schemas.envelope import Schema
 from schemas.relation import RelationCodec, UnmappedColumnLog, build_relation_codec
 from schemas.row_encoder import WireRowKeyEncoder, wire_encoder
+from schemas.topics import table_topic
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder, header
 

@@ -1,4 +1,4 @@
-"""Topic names (DESIGN.md) and making sure the topics exist, through confluent-kafka's AdminClient."""
+"""Making sure the topics exist, through confluent-kafka's AdminClient (names: `schemas.topics`)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,6 @@ from producer.errors import TopicError
 log = logging.getLogger(__name__)
 
 _ADMIN_TIMEOUT_S = 30.0
-
-
-def table_topic(prefix: str, schema: str, table: str) -> str:
-    return f"{prefix}.{schema}.{table}"
-
-
-def transaction_topic(prefix: str) -> str:
-    return f"{prefix}.transaction"
-
-
-def heartbeat_topic(prefix: str) -> str:
-    return f"{prefix}.heartbeat"
-
-
-def message_topic(prefix: str) -> str:
-    return f"{prefix}.message"
 
 
 @dataclass(frozen=True)

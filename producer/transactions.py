@@ -14,7 +14,7 @@ from producer.pgoutput import pg_timestamp_to_unix_micros
 
 
 def transaction_id(xid: int, commit_lsn: int) -> str:
-    """``"<xid>:<commit_lsn>"``, both decimal (README, "Event format")."""
+    """``"<xid>:<commit_lsn>"``, both decimal (CONTRACT.md, "Events")."""
     return f"{xid}:{commit_lsn}"
 
 
@@ -36,7 +36,7 @@ class Transaction:
     """One committed transaction as it is decoded; counts what was published.
 
     ``data_collection``: ``"<schema>.<table>"`` for table events, the message topic for
-    logical messages (README, "Event format"). Counts are 1-based positions.
+    logical messages (CONTRACT.md, "Events"). Counts are 1-based positions.
     """
 
     __slots__ = ("collections", "commit_lsn", "commit_ts_ms", "encoded", "event_count", "id", "xid")

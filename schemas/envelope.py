@@ -1,4 +1,4 @@
-"""Fixed Avro schemas of the event contract (README, "Event format"), and schema naming.
+"""Fixed Avro schemas of the event contract (CONTRACT.md, "Events"), and schema naming.
 
 Everything here is a deterministic function of its arguments, so one Relation always gives
 the same schema text (``schema_text``) and the registry sees one version per real change.
@@ -30,7 +30,7 @@ Schema = dict[str, Any]
 
 
 def topic_namespace(topic: str) -> str:
-    """The topic as an Avro namespace: each dot-separated part sanitized (README, "Event format")."""
+    """The topic as an Avro namespace: each dot-separated part sanitized (CONTRACT.md, "Events")."""
     return ".".join(avro_name(part) for part in topic.split("."))
 
 

@@ -36,6 +36,7 @@ from schemas.type_mapping import (
     field_schema,
     map_type,
 )
+from schemas.unchanged_toast import UNCHANGED_TOAST
 
 __all__ = ["CONVERSION_FAILURES", "RelationCodec", "build_relation_codec"]
 
@@ -76,9 +77,7 @@ UnmappedHook = Callable[[str, str, str], None]  # (table, column, pg.type)
 
 
 def default_unchanged_toast() -> object:
-    """The decoder's UNCHANGED_TOAST singleton (imported late: it is another module's contract)."""
-    from producer.pgoutput.tuples import UNCHANGED_TOAST
-
+    """The decoder's UNCHANGED_TOAST singleton."""
     return UNCHANGED_TOAST
 
 

@@ -16,17 +16,27 @@ import fastavro
 
 MAGIC_BYTE: Final = 0
 _HEADER: Final = struct.Struct(">bI")
+HEADER_SIZE: Final = _HEADER.size  # 5
+
+
+class FramingError(ValueError):
+    """A value that is not Confluent-framed: too short, or a magic byte other than 0."""
 
 
 def header(schema_id: int) -> bytes:
     return _HEADER.pack(MAGIC_BYTE, schema_id)
 
 
-def split_frame(message: bytes) -> tuple[int, bytes]:
-    """(schema id, Avro body) of a Confluent-framed message."""
-    if len(message) < _HEADER.size or message[0] != MAGIC_BYTE:
-        raise ValueError(f"not a Confluent wire-format message: {message[:8]!r}")
-    return _HEADER.unpack_from(message)[1], message[_HEADER.size :]
+def split_frame(message: bytes) -> tuple[int, memoryview]:
+    """(schema id, Avro body) of a Confluent-framed message; the body is not copied."""
+    if len(message) < HEADER_SIZE:
+        raise FramingError(
+            f"framed value of {len(message)} bytes is shorter than the {HEADER_SIZE}-byte header"
+        )
+    magic, schema_id = _HEADER.unpack_from(message)
+    if magic != MAGIC_BYTE:
+        raise FramingError(f"magic byte {magic} is not {MAGIC_BYTE}")
+    return schema_id, memoryview(message)[HEADER_SIZE:]
 
 
 class AvroEncoder:

@@ -21,8 +21,10 @@ USAGE = "usage: walbridge-consumer {run,verify} [options]  (--help after the com
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("WALBRIDGE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("WALBRIDGE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if not args or args[0] not in ("run", "verify"):
         print(USAGE, file=sys.stderr)
         return 2
@@ -45,8 +47,9 @@ def _run(argv: list[str]) -> int:
     if config.metrics_port:
         metrics.serve("0.0.0.0", config.metrics_port)
     spark = build_session("walbridge-consumer")
-    processor = BatchProcessor(spark, config, WriterSchemas.from_url(config.schema_registry_url),
-                               metrics=metrics)
+    processor = BatchProcessor(
+        spark, config, WriterSchemas.from_url(config.schema_registry_url), metrics=metrics
+    )
     from pyspark.errors import StreamingQueryException
 
     query = start(spark, config, processor)
@@ -71,10 +74,12 @@ def _watch(query: StreamingQuery, metrics: ConsumerMetrics, every_s: int = 5) ->
         seen = progress.get("batchId")
         state = metrics.observe_progress(progress)
         if state is not None and state.behind:
-            log.info("catching up: %d Kafka record(s) behind, %s records/s, ETA %s",
-                     state.behind,
-                     f"{state.records_per_s:.0f}" if state.records_per_s else "-",
-                     f"{state.eta_s:.0f}s" if state.eta_s is not None else "unknown")
+            log.info(
+                "catching up: %d Kafka record(s) behind, %s records/s, ETA %s",
+                state.behind,
+                f"{state.records_per_s:.0f}" if state.records_per_s else "-",
+                f"{state.eta_s:.0f}s" if state.eta_s is not None else "unknown",
+            )
 
 
 def _verify(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from schemas.topics import TopicKind, classify, message_topic, transaction_topic
 from spark_consumer import batch_values, merge, pending, progress, quarantine, summary
 from spark_consumer import envelope as E
 from spark_consumer.config import ConsumerConfig, Decoder
@@ -36,7 +37,6 @@ from spark_consumer.framing import schema_id_col
 from spark_consumer.metrics import ConsumerMetrics
 from spark_consumer.reassembly import Plan, TableWork, check_age, decide
 from spark_consumer.registry import SchemaNotFound, WriterSchemas
-from spark_consumer.topics import TopicKind, classify, transaction_topic
 
 log = logging.getLogger("walbridge.consumer")
 
@@ -98,10 +98,15 @@ class _Table:
 
 
 class BatchProcessor:
-    def __init__(self, spark: SparkSession, config: ConsumerConfig, schemas: WriterSchemas,
-                 conversions: FieldConversions = DEFAULT_CONVERSIONS,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 metrics: ConsumerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: ConsumerConfig,
+        schemas: WriterSchemas,
+        conversions: FieldConversions = DEFAULT_CONVERSIONS,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        metrics: ConsumerMetrics | None = None,
+    ) -> None:
         self.spark = spark
         self.config = config
         self.schemas = schemas
@@ -130,8 +135,11 @@ class BatchProcessor:
         before = self._last or progress.latest(self.spark, cfg.progress_path)
         self._last = before
         if before.batch_id >= batch_id:
-            log.info("batch %d already applied (progress has batch %d); skipping",
-                     batch_id, before.batch_id)
+            log.info(
+                "batch %d already applied (progress has batch %d); skipping",
+                batch_id,
+                before.batch_id,
+            )
             return BatchReport(batch_id, skipped=True, commit_lsn=before.commit_lsn)
         now_ms = self.clock_ms()
         framed = self._framed(batch, before).persist(_CACHE)
@@ -146,11 +154,17 @@ class BatchProcessor:
         log.info(
             "batch %d: applied %d transaction(s) up to commit_lsn %d (%s); pending %d "
             "transaction(s), %d record(s), oldest %s; quarantined %d; %.1fs",
-            batch_id, report.applied_transactions, report.commit_lsn,
+            batch_id,
+            report.applied_transactions,
+            report.commit_lsn,
             ", ".join(f"{t}: {n}" for t, n in report.changes_by_table.items()) or "no changes",
-            report.pending_transactions, report.pending_records,
-            f"{report.pending_oldest_age_s:.1f}s" if report.pending_oldest_age_s is not None
-            else "-", report.quarantined, report.seconds,
+            report.pending_transactions,
+            report.pending_records,
+            f"{report.pending_oldest_age_s:.1f}s"
+            if report.pending_oldest_age_s is not None
+            else "-",
+            report.quarantined,
+            report.seconds,
         )
         return report
 
@@ -159,22 +173,28 @@ class BatchProcessor:
     def _framed(self, batch: DataFrame, before: progress.Progress) -> DataFrame:
         # First seen now: null here, the clock filled in where it is needed (summary, pending
         # save), so the clock does not end up in this stage's generated code (batch_values.py).
-        rows = batch.select(*COORDS, "key", "value", "timestamp",
-                            F.lit(None).cast("long").alias(E.FIRST_SEEN))
+        rows = batch.select(
+            *COORDS, "key", "value", "timestamp", F.lit(None).cast("long").alias(E.FIRST_SEEN)
+        )
         if before.pending_version is not None:  # None: nothing waited after the last batch
             old = pending.load(self.spark, self.config.pending_path, before.pending_version)
             rows = rows.unionByName(old).dropDuplicates(COORDS)
-        return (rows.withColumn("_vid", schema_id_col(F.col("value")))
-                .withColumn("_kid", schema_id_col(F.col("key"))))
+        return rows.withColumn("_vid", schema_id_col(F.col("value"))).withColumn(
+            "_kid", schema_id_col(F.col("key"))
+        )
 
     def _framing(self, framed: DataFrame) -> _Framing:
         """Job 1: per topic partition and schema ids: the highest offset, and whether a key is
         not Confluent-framed. Classifies topics and fetches writer schemas."""
         prefix = self.config.topic_prefix
-        rows = framed.groupBy("topic", "partition", "_vid", "_kid").agg(
-            F.max("offset").alias("max_offset"),
-            F.max(F.col("key").isNotNull() & F.col("_kid").isNull()).alias("bad_key"),
-        ).collect()
+        rows = (
+            framed.groupBy("topic", "partition", "_vid", "_kid")
+            .agg(
+                F.max("offset").alias("max_offset"),
+                F.max(F.col("key").isNotNull() & F.col("_kid").isNull()).alias("bad_key"),
+            )
+            .collect()
+        )
         offsets: dict[tuple[str, int], int] = {}
         unknown_vids: set[int] = set()
         unknown_kids: set[int] = set()
@@ -187,7 +207,8 @@ class BatchProcessor:
             if kind is TopicKind.TRANSACTION and r["partition"] != 0:
                 raise ConfigError(
                     f"topic {r['topic']!r} has a partition {r['partition']}: the transaction "
-                    "topic must have exactly one partition (markers must stay in commit order)")
+                    "topic must have exactly one partition (markers must stay in commit order)"
+                )
             if kind in (TopicKind.HEARTBEAT, TopicKind.MESSAGE):
                 continue
             vids, kids = by_topic.setdefault(r["topic"], (set(), set()))
@@ -207,22 +228,27 @@ class BatchProcessor:
             if classify(prefix, topic) is TopicKind.TRANSACTION:
                 marker_ids = sorted(vids)
                 continue
-            schema, _, table = topic[len(prefix) + 1:].partition(".")
-            infos.append(_TopicInfo(topic, schema, table, tuple(sorted(vids)),
-                                    tuple(sorted(kids))))
+            schema, _, table = topic[len(prefix) + 1 :].partition(".")
+            infos.append(_TopicInfo(topic, schema, table, tuple(sorted(vids)), tuple(sorted(kids))))
         reject = None
         if unframed or unknown_vids or unknown_kids:
             uv, uk = sorted(unknown_vids) or [-1], sorted(unknown_kids) or [-1]
             tx_topic = F.col("topic") == transaction_topic(prefix)
-            reject = (F.when(F.col("_vid").isNull(), "value is not Confluent-framed Avro")
-                      .when(F.col("_vid").isin(uv),
-                            F.format_string("unknown value schema id %d", "_vid"))
-                      .when(~tx_topic & F.col("key").isNotNull() & F.col("_kid").isNull(),
-                            "key is not Confluent-framed Avro")
-                      .when(~tx_topic & F.col("_kid").isin(uk),
-                            F.format_string("unknown key schema id %d", "_kid")))
-        return _Framing(infos, marker_ids, [(t, p, o) for (t, p), o in sorted(offsets.items())],
-                        reject)
+            reject = (
+                F.when(F.col("_vid").isNull(), "value is not Confluent-framed Avro")
+                .when(F.col("_vid").isin(uv), F.format_string("unknown value schema id %d", "_vid"))
+                .when(
+                    ~tx_topic & F.col("key").isNotNull() & F.col("_kid").isNull(),
+                    "key is not Confluent-framed Avro",
+                )
+                .when(
+                    ~tx_topic & F.col("_kid").isin(uk),
+                    F.format_string("unknown key schema id %d", "_kid"),
+                )
+            )
+        return _Framing(
+            infos, marker_ids, [(t, p, o) for (t, p), o in sorted(offsets.items())], reject
+        )
 
     def _known(self, schema_id: int) -> bool:
         try:
@@ -243,16 +269,24 @@ class BatchProcessor:
                 quarantine.write(rows, self.config.quarantine_path, batch_id)
             finally:
                 rows.unpersist()
-            log.warning("batch %d: %d undecodable record(s) quarantined to %s (first: %s[%d]@%d: %s)",
-                        batch_id, n, self.config.quarantine_path, first[0]["topic"],
-                        first[0]["partition"], first[0]["offset"], first[0]["_reason"])
+            log.warning(
+                "batch %d: %d undecodable record(s) quarantined to %s (first: %s[%d]@%d: %s)",
+                batch_id,
+                n,
+                self.config.quarantine_path,
+                first[0]["topic"],
+                first[0]["partition"],
+                first[0]["offset"],
+                first[0]["_reason"],
+            )
             return n
         r = first[0]
         cls = UnknownSchemaError if "unknown" in r["_reason"] else RecordError
         raise cls(r["topic"], r["partition"], r["offset"], r["_reason"])
 
-    def _decode_tables(self, raw: DataFrame, infos: list[_TopicInfo],
-                       persisted: list[DataFrame]) -> dict[str, _Table]:
+    def _decode_tables(
+        self, raw: DataFrame, infos: list[_TopicInfo], persisted: list[DataFrame]
+    ) -> dict[str, _Table]:
         """One from_avro pass per writer schema id; versions of a table unioned by name."""
         out: dict[str, _Table] = {}
         for info in infos:
@@ -265,10 +299,17 @@ class BatchProcessor:
                 fields = E.row_fields(self.schemas.parsed(vid))
                 names = {f.name for f in fields}
                 unique &= all(bool(k) and set(k) < names for k in keys)
-                frames.append(table_events(
-                    self._decode(raw.filter((F.col("topic") == info.topic)
-                                            & (F.col("_vid") == vid)), self.schemas.text(vid)),
-                    fields, self.conversions, key or ()))
+                frames.append(
+                    table_events(
+                        self._decode(
+                            raw.filter((F.col("topic") == info.topic) & (F.col("_vid") == vid)),
+                            self.schemas.text(vid),
+                        ),
+                        fields,
+                        self.conversions,
+                        key or (),
+                    )
+                )
                 columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
             df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
             df = df.persist(_CACHE)
@@ -276,23 +317,37 @@ class BatchProcessor:
             out[info.topic] = _Table(info, df, tuple(columns), key, unique)
         return out
 
-    def _decode_markers(self, raw: DataFrame, marker_ids: list[int],
-                        persisted: list[DataFrame]) -> DataFrame:
+    def _decode_markers(
+        self, raw: DataFrame, marker_ids: list[int], persisted: list[DataFrame]
+    ) -> DataFrame:
         topic = transaction_topic(self.config.topic_prefix)
-        frames = [markers(self._decode(raw.filter((F.col("topic") == topic)
-                                                  & (F.col("_vid") == vid)),
-                                       self.schemas.text(vid)))
-                  for vid in marker_ids]
-        df = (reduce(DataFrame.unionByName, frames) if frames
-              # An empty RDD has no partitions: no task, no Python worker.
-              else self.spark.createDataFrame(self.spark.sparkContext.emptyRDD(), _MARKER_SCHEMA))
+        frames = [
+            markers(
+                self._decode(
+                    raw.filter((F.col("topic") == topic) & (F.col("_vid") == vid)),
+                    self.schemas.text(vid),
+                )
+            )
+            for vid in marker_ids
+        ]
+        df = (
+            reduce(DataFrame.unionByName, frames)
+            if frames
+            # An empty RDD has no partitions: no task, no Python worker.
+            else self.spark.createDataFrame(self.spark.sparkContext.emptyRDD(), _MARKER_SCHEMA)
+        )
         df = df.persist(_CACHE)
         persisted.append(df)
         return df
 
-    def _process(self, framed: DataFrame, persisted: list[DataFrame], batch_id: int,
-                 before: progress.Progress, now_ms: int,
-                 ) -> tuple[progress.Progress, BatchReport]:
+    def _process(
+        self,
+        framed: DataFrame,
+        persisted: list[DataFrame],
+        batch_id: int,
+        before: progress.Progress,
+        now_ms: int,
+    ) -> tuple[progress.Progress, BatchReport]:
         cfg = self.config
         steps: dict[str, float] = {}
         clock = time.perf_counter()
@@ -308,15 +363,21 @@ class BatchProcessor:
         quarantined = 0
         raw = framed
         if framing.reject is not None:
-            quarantined = self._reject(framed.withColumn("_reason", framing.reject)
-                                       .filter(F.col("_reason").isNotNull()), batch_id)
+            quarantined = self._reject(
+                framed.withColumn("_reason", framing.reject).filter(F.col("_reason").isNotNull()),
+                batch_id,
+            )
             raw = framed.filter(framing.reject.isNull())
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
         data, marks, bad = summary.collect(
-            [(t.events, t.key[0] if t.key else None) for t in tables.values()], marker_df,
-            before.commit_lsn, f"{cfg.topic_prefix}.message", now_ms)
+            [(t.events, t.key[0] if t.key else None) for t in tables.values()],
+            marker_df,
+            before.commit_lsn,
+            message_topic(cfg.topic_prefix),
+            now_ms,
+        )
         step("decode+summary")
         if bad:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
@@ -329,18 +390,23 @@ class BatchProcessor:
             raise TransactionError(
                 f"{plan.pending_records} records of incomplete transactions wait (limit "
                 f"{cfg.max_pending_records}); oldest: "
-                + (f"tx {oldest.tx_id} ({', '.join(oldest.missing)})" if oldest else "-"))
+                + (f"tx {oldest.tx_id} ({', '.join(oldest.missing)})" if oldest else "-")
+            )
 
         # Tables are independent Delta logs: their MERGEs run side by side. A MERGE of a few
         # rows is mostly fixed latency (planning, several small jobs, the commit), so on a
         # small machine threads cut a multi-table batch to about its slowest table.
         versions = dict(before.table_versions)
         changes_by_table: dict[str, int] = {}
-        with ThreadPoolExecutor(max_workers=max(1, min(cfg.merge_threads,
-                                                       len(plan.tables)))) as pool:
-            futures = {w.collection: pool.submit(self._apply, tables[w.topic], w, plan,
-                                                 before.table_versions.get(w.collection))
-                       for w in plan.tables}
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(cfg.merge_threads, len(plan.tables)))
+        ) as pool:
+            futures = {
+                w.collection: pool.submit(
+                    self._apply, tables[w.topic], w, plan, before.table_versions.get(w.collection)
+                )
+                for w in plan.tables
+            }
             for work in plan.tables:
                 version = futures[work.collection].result()
                 if version is not None:
@@ -348,30 +414,47 @@ class BatchProcessor:
                     changes_by_table[work.collection] = work.events
         step("merge")
 
-        pending_version = self._save_pending(tables, marker_df, raw, plan, now_ms,
-                                             before.pending_version)
+        pending_version = self._save_pending(
+            tables, marker_df, raw, plan, now_ms, before.pending_version
+        )
         step("pending")
-        oldest_age = ((now_ms - plan.oldest_pending.first_seen_ms) / 1000
-                      if plan.oldest_pending else None)
+        oldest_age = (
+            (now_ms - plan.oldest_pending.first_seen_ms) / 1000 if plan.oldest_pending else None
+        )
         after = progress.Progress(
-            batch_id=batch_id, commit_lsn=plan.watermark_after, table_versions=versions,
+            batch_id=batch_id,
+            commit_lsn=plan.watermark_after,
+            table_versions=versions,
             kafka_offsets=progress.merge_offsets(before.kafka_offsets, framing.offsets),
             pending_version=pending_version,
         )
-        progress.append(self.spark, cfg.progress_path, batch_id, after,
-                        plan.applied_transactions, plan.pending_transactions, oldest_age)
+        progress.append(
+            self.spark,
+            cfg.progress_path,
+            batch_id,
+            after,
+            plan.applied_transactions,
+            plan.pending_transactions,
+            oldest_age,
+        )
         step("progress")
         return after, BatchReport(
-            batch_id=batch_id, commit_lsn=plan.watermark_after, commit_ts_ms=plan.commit_ts_ms,
+            batch_id=batch_id,
+            commit_lsn=plan.watermark_after,
+            commit_ts_ms=plan.commit_ts_ms,
             applied_transactions=plan.applied_transactions,
-            changes_by_table=changes_by_table, table_versions=versions,
+            changes_by_table=changes_by_table,
+            table_versions=versions,
             pending_transactions=plan.pending_transactions,
             pending_records=plan.pending_records,
-            pending_oldest_age_s=oldest_age, quarantined=quarantined, steps=steps,
+            pending_oldest_age_s=oldest_age,
+            quarantined=quarantined,
+            steps=steps,
         )
 
-    def _apply(self, table: _Table, work: TableWork, plan: Plan,
-               recorded_version: int | None) -> int | None:
+    def _apply(
+        self, table: _Table, work: TableWork, plan: Plan, recorded_version: int | None
+    ) -> int | None:
         """MERGE one table's share of the applied transactions; its Delta version, or None
         when there was nothing to do (truncates of a table the lake never had).
         `recorded_version`: the table's version in the last progress row."""
@@ -384,18 +467,35 @@ class BatchProcessor:
             key = ()  # no key schema and no table yet: the source table has no replica identity
         lo, hi = plan.watermark_before, plan.watermark_after
         lsn = F.col(E.COMMIT_LSN)
-        changes = table.events.filter(batch_values.greater(lsn, lo) & batch_values.at_most(lsn, hi)
-                                      & summary.usable()).drop(E.OK)
+        changes = table.events.filter(
+            batch_values.greater(lsn, lo) & batch_values.at_most(lsn, hi) & summary.usable()
+        ).drop(E.OK)
         tc = merge.TableChanges(
-            info.schema, info.table, path, key, table.columns, changes,
-            truncate=work.truncate, toast_columns=work.toast_columns,
-            key_min=work.key_min, key_max=work.key_max,
-            only_distinct_inserts=work.only_distinct_inserts, unique_key=table.unique_key,
-            recorded_version=recorded_version)
+            info.schema,
+            info.table,
+            path,
+            key,
+            table.columns,
+            changes,
+            truncate=work.truncate,
+            toast_columns=work.toast_columns,
+            key_min=work.key_min,
+            key_max=work.key_max,
+            only_distinct_inserts=work.only_distinct_inserts,
+            unique_key=table.unique_key,
+            recorded_version=recorded_version,
+        )
         return merge.apply(self.spark, tc)
 
-    def _save_pending(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,
-                      plan: Plan, now_ms: int, pending_before: int | None) -> int | None:
+    def _save_pending(
+        self,
+        tables: dict[str, _Table],
+        marker_df: DataFrame,
+        raw: DataFrame,
+        plan: Plan,
+        now_ms: int,
+        pending_before: int | None,
+    ) -> int | None:
         """Records of later transactions wait in the pending table; None when none wait.
 
         When the batch applied nothing, every record that waited still waits: only this
@@ -405,20 +505,32 @@ class BatchProcessor:
             return None
         # Append only onto the very version this batch read: after a crash that wrote a newer
         # one, overwrite (the replay rebuilds the state from the version read).
-        append = (plan.applied_transactions == 0 and pending_before is not None
-                  and table_version(self.spark, self.config.pending_path) == pending_before)
+        append = (
+            plan.applied_transactions == 0
+            and pending_before is not None
+            and table_version(self.spark, self.config.pending_path) == pending_before
+        )
         later = batch_values.greater(F.col(E.COMMIT_LSN), plan.watermark_after)
-        coords = [F.col(E.TOPIC).alias("topic"), F.col(E.PARTITION).alias("partition"),
-                  F.col(E.OFFSET).alias("offset")]
-        waiting = reduce(DataFrame.unionByName, [
-            t.events.filter(summary.usable() & later).select(*coords) for t in tables.values()
-        ] + [marker_df.filter(F.col(E.OK) & later).select(*coords)])
+        coords = [
+            F.col(E.TOPIC).alias("topic"),
+            F.col(E.PARTITION).alias("partition"),
+            F.col(E.OFFSET).alias("offset"),
+        ]
+        waiting = reduce(
+            DataFrame.unionByName,
+            [t.events.filter(summary.usable() & later).select(*coords) for t in tables.values()]
+            + [marker_df.filter(F.col(E.OK) & later).select(*coords)],
+        )
         rows = raw.join(waiting, COORDS, "left_semi")
         if append:
             rows = rows.filter(F.col(E.FIRST_SEEN).isNull())  # read by this batch, not before
         first_seen = batch_values.or_value(F.col(E.FIRST_SEEN), now_ms)  # null: read now
-        return pending.save(self.spark, self.config.pending_path,
-                            rows.withColumn(E.FIRST_SEEN, first_seen), append=append)
+        return pending.save(
+            self.spark,
+            self.config.pending_path,
+            rows.withColumn(E.FIRST_SEEN, first_seen),
+            append=append,
+        )
 
     def _key(self, info: _TopicInfo, path: str) -> tuple[str, ...] | None:
         if info.key_ids:
@@ -426,17 +538,30 @@ class BatchProcessor:
             return E.key_fields(self.schemas.parsed(max(info.key_ids)))
         return merge.stored_key(self.spark, path)
 
-    def _reject_decoded(self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame,
-                        batch_id: int) -> int:
+    def _reject_decoded(
+        self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame, batch_id: int
+    ) -> int:
         """Bodies that did not decode, and data events outside any transaction: stop, or
         quarantine them (the plan then leaves them out, as `summary.usable` does)."""
-        coords = [F.col(E.TOPIC).alias("topic"), F.col(E.PARTITION).alias("partition"),
-                  F.col(E.OFFSET).alias("offset")]
-        bad = reduce(DataFrame.unionByName, [
-            t.events.filter(summary.bad_reason().isNotNull())
-            .select(*coords, summary.bad_reason().alias("_reason")) for t in tables.values()
-        ] + [marker_df.filter(~F.col(E.OK))
-             .select(*coords, F.lit(summary.NOT_DECODED).alias("_reason"))])
+        coords = [
+            F.col(E.TOPIC).alias("topic"),
+            F.col(E.PARTITION).alias("partition"),
+            F.col(E.OFFSET).alias("offset"),
+        ]
+        bad = reduce(
+            DataFrame.unionByName,
+            [
+                t.events.filter(summary.bad_reason().isNotNull()).select(
+                    *coords, summary.bad_reason().alias("_reason")
+                )
+                for t in tables.values()
+            ]
+            + [
+                marker_df.filter(~F.col(E.OK)).select(
+                    *coords, F.lit(summary.NOT_DECODED).alias("_reason")
+                )
+            ],
+        )
         return self._reject(raw.join(bad, COORDS, "inner"), batch_id)
 
 

@@ -10,10 +10,11 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
+from schemas import settings
 from spark_consumer.errors import ConfigError
 
 
@@ -101,55 +102,52 @@ VERIFY_ENV: Final = {
     "publication": "WALBRIDGE_PUBLICATION",
     "tables": "WALBRIDGE_TABLES",
 }
-# Read where they are used (session.py, __main__.py), not by the parsers.
-OTHER_ENV: Final = frozenset({
-    "WALBRIDGE_SPARK_MASTER", "WALBRIDGE_SPARK_DRIVER_MEMORY",
-    "WALBRIDGE_SPARK_CONNECTOR_VERSION", "WALBRIDGE_LOG_LEVEL",
-})
-
-
-def known_env() -> frozenset[str]:
-    """WALBRIDGE_* names this shell may carry: the consumer's own, and the producer's and the
-    local stack's (`eval "$(deploy/local/stack env)"` sets one environment for all tools)."""
-    from producer.config import FOREIGN_ENV, ProducerConfig, env_name
-
-    producer = {env_name(f.name) for f in fields(ProducerConfig)}
-    return (frozenset(RUN_ENV.values()) | frozenset(VERIFY_ENV.values()) | OTHER_ENV
-            | FOREIGN_ENV | producer)
 
 
 def _check_env_names(env: Mapping[str, str]) -> None:
-    known = known_env()
-    unknown = sorted(k for k in env if k.startswith("WALBRIDGE_") and k not in known)
+    # Every tool's variables are known (one shell carries them all): schemas.settings.
+    unknown = settings.unknown(env)
     if unknown:
         raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
 
 
 def run_parser() -> argparse.ArgumentParser:
     """Flags default to None, so `_merged` can tell a flag from its variable."""
-    p = argparse.ArgumentParser(prog="walbridge-consumer run", allow_abbrev=False,
-                                description="Every flag --x-y can also be set as WALBRIDGE_X_Y.")
+    p = argparse.ArgumentParser(
+        prog="walbridge-consumer run",
+        allow_abbrev=False,
+        description="Every flag --x-y can also be set as WALBRIDGE_X_Y.",
+    )
     p.add_argument("--kafka-bootstrap")
     p.add_argument("--schema-registry-url")
     p.add_argument("--topic-prefix")
     p.add_argument("--lake-path")
     p.add_argument("--checkpoint-path", help="default: <lake>/_walbridge/checkpoint")
-    p.add_argument("--trigger",
-                   help=f"processing-time interval, e.g. '10 seconds' (default {DEFAULT_TRIGGER!r})")
+    p.add_argument(
+        "--trigger",
+        help=f"processing-time interval, e.g. '10 seconds' (default {DEFAULT_TRIGGER!r})",
+    )
     p.add_argument("--available-now", action="store_const", const=True)
     p.add_argument("--quarantine-path")
     p.add_argument("--max-pending-age-s", type=float, help="default 900")
-    p.add_argument("--max-pending-records", type=int,
-                   help=f"default {DEFAULT_MAX_PENDING_RECORDS}")
-    p.add_argument("--max-offsets-per-trigger", type=int,
-                   help=f"Kafka records per batch at most (default "
-                        f"{DEFAULT_MAX_OFFSETS_PER_TRIGGER}; 0: no cap)")
-    p.add_argument("--decoder", choices=[d.value for d in Decoder],
-                   help=f"default {Decoder.FROM_AVRO.value}")
-    p.add_argument("--merge-threads", type=int,
-                   help="tables merged concurrently within a batch (default 4)")
-    p.add_argument("--metrics-port", type=int,
-                   help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}; 0: off)")
+    p.add_argument("--max-pending-records", type=int, help=f"default {DEFAULT_MAX_PENDING_RECORDS}")
+    p.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        help=f"Kafka records per batch at most (default "
+        f"{DEFAULT_MAX_OFFSETS_PER_TRIGGER}; 0: no cap)",
+    )
+    p.add_argument(
+        "--decoder", choices=[d.value for d in Decoder], help=f"default {Decoder.FROM_AVRO.value}"
+    )
+    p.add_argument(
+        "--merge-threads", type=int, help="tables merged concurrently within a batch (default 4)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}; 0: off)",
+    )
     return p
 
 
@@ -174,8 +172,9 @@ _PARSE_ENV: Final[dict[str, Callable[[str], Any]]] = {
 _SECRET: Final = frozenset({"pg_dsn"})  # may hold a password: never echoed
 
 
-def _merged(ns: argparse.Namespace, env: Mapping[str, str], names: Mapping[str, str]
-            ) -> dict[str, Any]:
+def _merged(
+    ns: argparse.Namespace, env: Mapping[str, str], names: Mapping[str, str]
+) -> dict[str, Any]:
     """Flag, else variable, per setting; a flag and a variable that disagree are an error
     (which one was meant is a guess this tool does not make)."""
     out: dict[str, Any] = {}
@@ -224,15 +223,21 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
     if trigger is not None and not _TRIGGER.match(trigger.strip()):
         raise ConfigError(f"trigger {trigger!r} is not an interval like '10 seconds'")
     max_age = 900.0 if v["max_pending_age_s"] is None else v["max_pending_age_s"]
-    max_records = (DEFAULT_MAX_PENDING_RECORDS if v["max_pending_records"] is None
-                   else v["max_pending_records"])
+    max_records = (
+        DEFAULT_MAX_PENDING_RECORDS
+        if v["max_pending_records"] is None
+        else v["max_pending_records"]
+    )
     merge_threads = 4 if v["merge_threads"] is None else v["merge_threads"]
     if not (math.isfinite(max_age) and max_age > 0) or max_records <= 0:
         raise ConfigError("--max-pending-age-s and --max-pending-records must be positive")
     if merge_threads <= 0:
         raise ConfigError("--merge-threads must be positive")
-    cap = (DEFAULT_MAX_OFFSETS_PER_TRIGGER if v["max_offsets_per_trigger"] is None
-           else v["max_offsets_per_trigger"])
+    cap = (
+        DEFAULT_MAX_OFFSETS_PER_TRIGGER
+        if v["max_offsets_per_trigger"] is None
+        else v["max_offsets_per_trigger"]
+    )
     if cap < 0:
         raise ConfigError("--max-offsets-per-trigger must be positive, or 0 for no cap")
     metrics_port = DEFAULT_METRICS_PORT if v["metrics_port"] is None else v["metrics_port"]
@@ -242,7 +247,8 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         decoder = Decoder(v["decoder"] or Decoder.FROM_AVRO.value)
     except ValueError as exc:
         raise ConfigError(
-            f"decoder {v['decoder']!r} is not one of {[d.value for d in Decoder]}") from exc
+            f"decoder {v['decoder']!r} is not one of {[d.value for d in Decoder]}"
+        ) from exc
     lake = v["lake_path"].rstrip("/")
     checkpoint = v["checkpoint_path"] or f"{lake}/_walbridge/checkpoint"
     if v["quarantine_path"] and _inside(v["quarantine_path"], checkpoint):
@@ -270,21 +276,28 @@ def _inside(path: str, parent: str) -> bool:
 
 
 def verify_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="walbridge-consumer verify", allow_abbrev=False,
-                                description="Every flag --x-y can also be set as WALBRIDGE_X_Y.")
+    p = argparse.ArgumentParser(
+        prog="walbridge-consumer verify",
+        allow_abbrev=False,
+        description="Every flag --x-y can also be set as WALBRIDGE_X_Y.",
+    )
     p.add_argument("--pg-dsn")
     p.add_argument("--lake-path")
     p.add_argument("--publication")
-    p.add_argument("--tables",
-                   help="comma-separated schema.table; empty = all tables of the publication")
+    p.add_argument(
+        "--tables", help="comma-separated schema.table; empty = all tables of the publication"
+    )
     return p
 
 
 def parse_verify(argv: Sequence[str], env: Mapping[str, str]) -> VerifyConfig:
     _check_env_names(env)
     v = _merged(_parse_args(verify_parser(), argv), env, VERIFY_ENV)
-    missing = [f"--{dest.replace('_', '-')} / {VERIFY_ENV[dest]}"
-               for dest in ("pg_dsn", "lake_path", "publication") if not v[dest]]
+    missing = [
+        f"--{dest.replace('_', '-')} / {VERIFY_ENV[dest]}"
+        for dest in ("pg_dsn", "lake_path", "publication")
+        if not v[dest]
+    ]
     if missing:
         raise ConfigError("missing required setting(s): " + ", ".join(missing))
     tables = tuple(t.strip() for t in (v["tables"] or "").split(",") if t.strip())

@@ -53,17 +53,26 @@ def _logical(t: Any) -> str | None:
 
 
 def _is_record(t: Any, *fields: str) -> bool:
-    return (isinstance(t, dict) and t.get("type") == "record"
-            and [f["name"] for f in t.get("fields", [])] == list(fields))
+    return (
+        isinstance(t, dict)
+        and t.get("type") == "record"
+        and [f["name"] for f in t.get("fields", [])] == list(fields)
+    )
 
 
 def _time_text(micros: Column) -> Column:
     """Microseconds since midnight -> 'HH:MM:SS.ffffff' (24:00:00 included)."""
     secs = F.floor(micros / 1_000_000)
-    return F.when(micros.isNotNull(), F.format_string(
-        "%02d:%02d:%02d.%06d", F.floor(secs / 3600).cast("int"),
-        (F.floor(secs / 60) % 60).cast("int"), (secs % 60).cast("int"),
-        (micros % 1_000_000).cast("int")))
+    return F.when(
+        micros.isNotNull(),
+        F.format_string(
+            "%02d:%02d:%02d.%06d",
+            F.floor(secs / 3600).cast("int"),
+            (F.floor(secs / 60) % 60).cast("int"),
+            (secs % 60).cast("int"),
+            (micros % 1_000_000).cast("int"),
+        ),
+    )
 
 
 def _time_or_text(col: Column) -> Column:
@@ -125,12 +134,15 @@ class FieldConversions:
         if kind == "array":
             items = _branches(f.avro)[0]["fields"][2]["type"]["items"]
             standard = (F.size(col["dims"]) <= 1) & (
-                (F.size(col["lower_bounds"]) == 0) | (col["lower_bounds"][0] == 1))
-            return [_elements(col["elements"], items).alias(f.name),
-                    F.when(col.isNotNull() & ~standard,
-                           F.struct(col["dims"].alias("dims"),
-                                    col["lower_bounds"].alias("lower_bounds")))
-                    .alias(f.name + SHAPE)]
+                (F.size(col["lower_bounds"]) == 0) | (col["lower_bounds"][0] == 1)
+            )
+            return [
+                _elements(col["elements"], items).alias(f.name),
+                F.when(
+                    col.isNotNull() & ~standard,
+                    F.struct(col["dims"].alias("dims"), col["lower_bounds"].alias("lower_bounds")),
+                ).alias(f.name + SHAPE),
+            ]
         return [col.alias(f.name)]
 
     def lake_columns(self, fields: tuple[RowField, ...]) -> list[str]:
@@ -154,8 +166,10 @@ class FieldConversions:
     def companions(self, fields: tuple[RowField, ...]) -> dict[str, list[str]]:
         """Source column -> its companion lake columns (they follow it for unchanged TOAST)."""
         names = self.lake_columns(fields)
-        return {f.name: [n for n in names if n != f.name and n.startswith(f.name + "__")]
-                for f in fields}
+        return {
+            f.name: [n for n in names if n != f.name and n.startswith(f.name + "__")]
+            for f in fields
+        }
 
 
 DEFAULT_CONVERSIONS = FieldConversions()

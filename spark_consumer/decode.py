@@ -34,8 +34,12 @@ def _coords() -> list[Column]:
     ]
 
 
-def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
-                 conversions: FieldConversions, key: tuple[str, ...] = ()) -> DataFrame:
+def table_events(
+    decoded: DataFrame,
+    fields: tuple[E.RowField, ...],
+    conversions: FieldConversions,
+    key: tuple[str, ...] = (),
+) -> DataFrame:
     """Flatten decoded envelopes: meta columns + one column per source column.
 
     The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
@@ -44,15 +48,19 @@ def table_events(decoded: DataFrame, fields: tuple[E.RowField, ...],
     """
     env = F.col(ENV)
     moved_from = F.when(env["op"] == "c", env["before"])
-    from_cols = [conversions.apply(moved_from[f.name], f)[0].alias(MOVED_FROM_PREFIX + f.name)
-                 for f in fields if f.name in key]
+    from_cols = [
+        conversions.apply(moved_from[f.name], f)[0].alias(MOVED_FROM_PREFIX + f.name)
+        for f in fields
+        if f.name in key
+    ]
     row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
     toast = F.coalesce(env["unchanged_toast"], F.array().cast("array<string>"))
     # A companion column (conversions.py) is unchanged whenever its source column is.
     for name, extra in conversions.companions(fields).items():
         if extra:
-            toast = F.when(F.array_contains(toast, name),
-                           F.concat(toast, F.array(*map(F.lit, extra)))).otherwise(toast)
+            toast = F.when(
+                F.array_contains(toast, name), F.concat(toast, F.array(*map(F.lit, extra)))
+            ).otherwise(toast)
     return decoded.select(
         *_coords(),
         env["source"]["schema"].alias(E.SCHEMA),

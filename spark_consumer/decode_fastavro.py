@@ -18,12 +18,19 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
+from schemas.wire import HEADER_SIZE
 from spark_consumer.decode import ENV, with_envelope_from_avro
-from spark_consumer.framing import HEADER_SIZE
 
 # What a malformed body makes fastavro raise; anything else is a bug and propagates.
-_DECODE_ERRORS = (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError,
-                  StopIteration)
+_DECODE_ERRORS = (
+    EOFError,
+    ValueError,
+    IndexError,
+    KeyError,
+    UnicodeDecodeError,
+    TypeError,
+    StopIteration,
+)
 
 
 def _plain_uuid(schema: Any) -> Any:
@@ -61,4 +68,3 @@ def with_envelope_fastavro(rows: DataFrame, schema_text: str) -> DataFrame:
             yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)
 
     return rows.mapInArrow(decode, out_schema)
-

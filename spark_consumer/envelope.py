@@ -1,4 +1,4 @@
-"""What the consumer needs to know about writer schemas (README, "Event format"): pure functions."""
+"""What the consumer needs to know about writer schemas (CONTRACT.md, "Events"): pure functions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Lake bookkeeping columns (DESIGN.md 'Lake contracts'); source columns may not use these names.
+# Lake bookkeeping columns (CONTRACT.md, "Lake"); source columns may not use these names.
 COMMIT_LSN = "_commit_lsn"
 TOTAL_ORDER = "_total_order"
 OP = "_op"
@@ -37,8 +37,9 @@ def row_fields(envelope: Mapping[str, Any]) -> tuple[RowField, ...]:
     """The source columns of an Envelope schema: the fields of its `before`/`after` record."""
     fields = {f["name"]: f for f in envelope.get("fields", [])}
     if "before" not in fields or "after" not in fields:
-        raise ValueError(f"schema {envelope.get('name')!r} is not a change envelope "
-                         "(no before/after fields)")
+        raise ValueError(
+            f"schema {envelope.get('name')!r} is not a change envelope (no before/after fields)"
+        )
     record = _non_null(fields["before"]["type"])
     if not isinstance(record, dict) or record.get("type") != "record":
         raise ValueError(f"envelope {envelope.get('name')!r}: before is not a nullable record")
@@ -56,6 +57,8 @@ def key_fields(key_schema: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def is_transaction_metadata(schema: Mapping[str, Any]) -> bool:
-    return schema.get("type") == "record" and schema.get("name") in (
-        "TransactionMetadata", "io.walbridge.TransactionMetadata"
-    ) and schema.get("namespace", "io.walbridge") == "io.walbridge"
+    return (
+        schema.get("type") == "record"
+        and schema.get("name") in ("TransactionMetadata", "io.walbridge.TransactionMetadata")
+        and schema.get("namespace", "io.walbridge") == "io.walbridge"
+    )

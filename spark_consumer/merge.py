@@ -80,8 +80,10 @@ def check_names(table: str, names: Iterable[str]) -> None:
     a hand-altered Delta table or a foreign writer schema can bring one."""
     for name in names:
         if not _PLAIN_NAME.fullmatch(name):
-            raise ApplyError(f"table {table}: column name {name!r} is not a plain Avro name "
-                             "([A-Za-z_][A-Za-z0-9_]*); refusing to put it into a MERGE")
+            raise ApplyError(
+                f"table {table}: column name {name!r} is not a plain Avro name "
+                "([A-Za-z_][A-Za-z0-9_]*); refusing to put it into a MERGE"
+            )
 
 
 def _target_columns(table: DeltaTable, tc: TableChanges) -> list[str]:
@@ -99,8 +101,10 @@ def _order(prefix: str = "") -> Column:
 
 
 def _newer(s: str = "s.", t: str = "t.") -> str:
-    return (f"({s}{E.COMMIT_LSN} > {t}{E.COMMIT_LSN} OR ({s}{E.COMMIT_LSN} = {t}{E.COMMIT_LSN}"
-            f" AND {s}{E.TOTAL_ORDER} > {t}{E.TOTAL_ORDER}))")
+    return (
+        f"({s}{E.COMMIT_LSN} > {t}{E.COMMIT_LSN} OR ({s}{E.COMMIT_LSN} = {t}{E.COMMIT_LSN}"
+        f" AND {s}{E.TOTAL_ORDER} > {t}{E.TOTAL_ORDER}))"
+    )
 
 
 def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
@@ -108,15 +112,23 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
     src_types: dict[str, DataType] = {
         f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns
     }
-    meta = [StructField(E.COMMIT_LSN, LongType(), False), StructField(E.TOTAL_ORDER, LongType(), False),
-            StructField(E.OP, StringType(), True), StructField(E.TS_MS, LongType(), True)]
+    meta = [
+        StructField(E.COMMIT_LSN, LongType(), False),
+        StructField(E.TOTAL_ORDER, LongType(), False),
+        StructField(E.OP, StringType(), True),
+        StructField(E.TS_MS, LongType(), True),
+    ]
     if not DeltaTable.isDeltaTable(spark, tc.path):
         schema = StructType([StructField(c, src_types[c], True) for c in tc.columns] + meta)
-        (DeltaTable.createIfNotExists(spark).location(tc.path).addColumns(schema)
-         .property(KEY_PROPERTY, ",".join(tc.key))
-         # MERGE marks replaced rows in deletion vectors instead of rewriting whole files.
-         .property("delta.enableDeletionVectors", "true")
-         .execute())
+        (
+            DeltaTable.createIfNotExists(spark)
+            .location(tc.path)
+            .addColumns(schema)
+            .property(KEY_PROPERTY, ",".join(tc.key))
+            # MERGE marks replaced rows in deletion vectors instead of rewriting whole files.
+            .property("delta.enableDeletionVectors", "true")
+            .execute()
+        )
     table = DeltaTable.forPath(spark, tc.path)
     existing = {f.name for f in table.toDF().schema.fields}
     new = [c for c in tc.columns if c not in existing]
@@ -139,20 +151,24 @@ def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:
 def _after(point: tuple[int, int]) -> Column:
     lsn, order = point
     return (F.col(E.COMMIT_LSN) > lsn) | (
-        (F.col(E.COMMIT_LSN) == lsn) & (F.col(E.TOTAL_ORDER) > order))
+        (F.col(E.COMMIT_LSN) == lsn) & (F.col(E.TOTAL_ORDER) > order)
+    )
 
 
 def _before_sql(point: tuple[int, int], t: str = "t.") -> str:
     lsn, order = point
-    return (f"({t}{E.COMMIT_LSN} < {lsn} OR ({t}{E.COMMIT_LSN} = {lsn}"
-            f" AND {t}{E.TOTAL_ORDER} < {order}))")
+    return (
+        f"({t}{E.COMMIT_LSN} < {lsn} OR ({t}{E.COMMIT_LSN} = {lsn}"
+        f" AND {t}{E.TOTAL_ORDER} < {order}))"
+    )
 
 
 def _toast_columns(tc: TableChanges) -> list[str]:
     unknown = tc.toast_columns - set(tc.columns)
     if unknown:
-        raise ApplyError(f"table {tc.name}: unchanged_toast names unknown column(s) "
-                         f"{sorted(unknown)}")
+        raise ApplyError(
+            f"table {tc.name}: unchanged_toast names unknown column(s) {sorted(unknown)}"
+        )
     return [c for c in tc.columns if c in tc.toast_columns]
 
 
@@ -166,8 +182,13 @@ def _key_range(tc: TableChanges) -> Column | None:
     return (k >= F.lit(tc.key_min)) & (k <= F.lit(tc.key_max))
 
 
-def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
-             toast_cols: list[str], first_op: bool = False) -> DataFrame:
+def collapse(
+    changes: DataFrame,
+    key: tuple[str, ...],
+    columns: tuple[str, ...],
+    toast_cols: list[str],
+    first_op: bool = False,
+) -> DataFrame:
     """Last change per key; unchanged TOAST columns resolved from earlier changes in the batch.
 
     For each TOAST column X: `_has_X` tells whether some change of this key carried X (the
@@ -190,8 +211,11 @@ def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
     exprs: list[Column] = []
     for c in (*key, *last_cols):
         if c in toast_cols:
-            exprs.append(F.when(F.col(f"_has_{c}") == 1, F.col(f"_v_{c}")["v"])
-                         .otherwise(F.col("_last")[c]).alias(c))
+            exprs.append(
+                F.when(F.col(f"_has_{c}") == 1, F.col(f"_v_{c}")["v"])
+                .otherwise(F.col("_last")[c])
+                .alias(c)
+            )
             exprs.append((F.col(f"_has_{c}") == 1).alias(f"_has_{c}"))
         elif c in key:
             exprs.append(F.col(c))
@@ -200,8 +224,9 @@ def collapse(changes: DataFrame, key: tuple[str, ...], columns: tuple[str, ...],
     return grouped.select(*exprs)
 
 
-def _last_per_key(changes: DataFrame, key: tuple[str, ...], last_cols: list[str],
-                  first_op: bool = False) -> DataFrame:
+def _last_per_key(
+    changes: DataFrame, key: tuple[str, ...], last_cols: list[str], first_op: bool = False
+) -> DataFrame:
     """The change no other change of its key follows in (commit_lsn, total_order) order.
 
     A window runs as one shuffle and one sort by key. The max_by aggregate that the TOAST case
@@ -224,7 +249,8 @@ def _last_per_key(changes: DataFrame, key: tuple[str, ...], last_cols: list[str]
 def _insert_values(tc: TableChanges, target_cols: list[str]) -> dict[str, str | Column]:
     # A column the writer no longer has (dropped at the source) gets NULL.
     values: dict[str, str | Column] = {
-        f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols}
+        f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols
+    }
     values.update({m: f"s.{m}" for m in E.LAKE_META})
     return values
 
@@ -249,8 +275,9 @@ def inserts_only_applies(tc: TableChanges) -> bool:
     unique at the source (identical rows may be inserted twice), so it keeps the full MERGE;
     snapshot reads ('r') may meet rows the lake holds, so they are not inserts here.
     """
-    return (tc.only_distinct_inserts and tc.unique_key and tc.truncate is None
-            and not tc.toast_columns)
+    return (
+        tc.only_distinct_inserts and tc.unique_key and tc.truncate is None and not tc.toast_columns
+    )
 
 
 def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[str]) -> None:
@@ -261,8 +288,12 @@ def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[s
         on = on & key_range
     # Insert-only: Delta runs this as an anti join against the (pruned) target and appends;
     # a key already there (a replay) is left as it is.
-    (table.alias("t").merge(source.alias("s"), on)
-     .whenNotMatchedInsert(values=_insert_values(tc, target_cols)).execute())
+    (
+        table.alias("t")
+        .merge(source.alias("s"), on)
+        .whenNotMatchedInsert(values=_insert_values(tc, target_cols))
+        .execute()
+    )
 
 
 def _append_applies(spark: SparkSession, tc: TableChanges) -> bool:
@@ -287,17 +318,16 @@ def _append_applies(spark: SparkSession, tc: TableChanges) -> bool:
         return False
     if not DeltaTable.isDeltaTable(spark, tc.path):
         return True
-    return (tc.recorded_version is not None
-            and table_version(spark, tc.path) == tc.recorded_version)
+    return tc.recorded_version is not None and table_version(spark, tc.path) == tc.recorded_version
 
 
 def _append(table: DeltaTable, tc: TableChanges, rows: DataFrame, target_cols: list[str]) -> None:
     types = {f.name: f.dataType for f in table.toDF().schema.fields}
     # A column the writer no longer has (dropped at the source) gets NULL.
-    values = [F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c)
-              for c in target_cols]
-    (rows.select(*values, *E.LAKE_META)
-     .write.format("delta").mode("append").save(tc.path))
+    values = [
+        F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c) for c in target_cols
+    ]
+    (rows.select(*values, *E.LAKE_META).write.format("delta").mode("append").save(tc.path))
 
 
 def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
@@ -337,8 +367,13 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
         collapsed.unpersist()  # the persisted frame itself: a derived one would not match
 
 
-def _merge(table: DeltaTable, tc: TableChanges, source: DataFrame, target_cols: list[str],
-           toast_cols: list[str]) -> None:
+def _merge(
+    table: DeltaTable,
+    tc: TableChanges,
+    source: DataFrame,
+    target_cols: list[str],
+    toast_cols: list[str],
+) -> None:
     point = tc.truncate
     # A truncate must see every target row (not-matched-by-source), so no range then.
     on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
@@ -355,13 +390,16 @@ def _merge(table: DeltaTable, tc: TableChanges, source: DataFrame, target_cols: 
             return f"CASE WHEN array_contains(s.{E.TOAST}, '{c}') AND NOT s.`_has_{c}` THEN {keep} ELSE s.`{c}` END"
         return f"s.`{c}`"
 
-    sets: dict[str, str | Column] = {f"`{c}`": value(c, True) for c in target_cols if c not in tc.key}
+    sets: dict[str, str | Column] = {
+        f"`{c}`": value(c, True) for c in target_cols if c not in tc.key
+    }
     sets.update({m: f"s.{m}" for m in E.LAKE_META})
     inserts: dict[str, str | Column] = {f"`{c}`": value(c, False) for c in target_cols}
     inserts.update({m: f"s.{m}" for m in E.LAKE_META})
 
     merge = (
-        table.alias("t").merge(source.alias("s"), on)
+        table.alias("t")
+        .merge(source.alias("s"), on)
         .whenMatchedDelete(f"s.{E.OP} = 'd' AND {newer}")
         .whenMatchedUpdate(f"s.{E.OP} <> 'd' AND {newer}", sets)
         .whenNotMatchedInsert(f"s.{E.OP} <> 'd'", inserts)
@@ -371,15 +409,20 @@ def _merge(table: DeltaTable, tc: TableChanges, source: DataFrame, target_cols: 
     merge.execute()
 
 
-def _check_toast_targets(table: DeltaTable, source: DataFrame, tc: TableChanges,
-                         toast_cols: list[str]) -> None:
+def _check_toast_targets(
+    table: DeltaTable, source: DataFrame, tc: TableChanges, toast_cols: list[str]
+) -> None:
     """An update keeping an unchanged TOAST value needs the target row; never invent one."""
     needs = F.lit(False)
     for c in toast_cols:
         needs = needs | (F.array_contains(E.TOAST, c) & ~F.col(f"_has_{c}"))
-    orphan = (source.filter(needs & (F.col(E.OP) != "d"))
-              .join(table.toDF().select(*tc.key), list(tc.key), "left_anti")
-              .select(*tc.key, E.COMMIT_LSN).limit(3).collect())
+    orphan = (
+        source.filter(needs & (F.col(E.OP) != "d"))
+        .join(table.toDF().select(*tc.key), list(tc.key), "left_anti")
+        .select(*tc.key, E.COMMIT_LSN)
+        .limit(3)
+        .collect()
+    )
     if orphan:
         raise ApplyError(
             f"table {tc.name}: update with unchanged TOAST value(s) for key(s) not in the lake: "
@@ -398,10 +441,15 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
         changes = changes.filter(_after(point))
     rows = changes.filter(F.col(E.OP) != "t").dropDuplicates([E.COMMIT_LSN, E.TOTAL_ORDER])
     inserts = _insert_values(tc, target_cols)
-    (table.alias("t").merge(
-        rows.alias("s"),
-        f"t.{E.COMMIT_LSN} = s.{E.COMMIT_LSN} AND t.{E.TOTAL_ORDER} = s.{E.TOTAL_ORDER}")
-     .whenNotMatchedInsert(values=inserts).execute())
+    (
+        table.alias("t")
+        .merge(
+            rows.alias("s"),
+            f"t.{E.COMMIT_LSN} = s.{E.COMMIT_LSN} AND t.{E.TOTAL_ORDER} = s.{E.TOTAL_ORDER}",
+        )
+        .whenNotMatchedInsert(values=inserts)
+        .execute()
+    )
 
 
 def apply(spark: SparkSession, tc: TableChanges) -> int:

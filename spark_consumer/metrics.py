@@ -59,32 +59,62 @@ class ConsumerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.batches = Counter("walbridge_consumer_batches", "micro-batches applied",
-                               registry=r)
-        self.transactions = Counter("walbridge_consumer_applied_transactions",
-                                    "source transactions applied to the lake", registry=r)
-        self.changes = Counter("walbridge_consumer_applied_changes",
-                               "row changes applied, by table", ["table"], registry=r)
+        self.batches = Counter("walbridge_consumer_batches", "micro-batches applied", registry=r)
+        self.transactions = Counter(
+            "walbridge_consumer_applied_transactions",
+            "source transactions applied to the lake",
+            registry=r,
+        )
+        self.changes = Counter(
+            "walbridge_consumer_applied_changes",
+            "row changes applied, by table",
+            ["table"],
+            registry=r,
+        )
         self.batch_seconds = Histogram(
-            "walbridge_consumer_batch_seconds", "wall time of a micro-batch", registry=r,
-            buckets=(0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300))
-        self.commit_lsn = Gauge("walbridge_consumer_commit_lsn",
-                                "source commit LSN the whole lake has reached", registry=r)
+            "walbridge_consumer_batch_seconds",
+            "wall time of a micro-batch",
+            registry=r,
+            buckets=(0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+        )
+        self.commit_lsn = Gauge(
+            "walbridge_consumer_commit_lsn",
+            "source commit LSN the whole lake has reached",
+            registry=r,
+        )
         self.lag_seconds = Gauge(
             "walbridge_consumer_lag_seconds",
-            "now minus the source commit time of the last applied transaction", registry=r)
-        self.kafka_lag = Gauge("walbridge_consumer_kafka_lag_records",
-                               "Kafka records available but not read yet", registry=r)
-        self.rate = Gauge("walbridge_consumer_transactions_per_second",
-                          "applied source transactions per second (smoothed)", registry=r)
-        self.records_rate = Gauge("walbridge_consumer_records_per_second",
-                                  "Kafka records read per second (smoothed)", registry=r)
-        self.eta = Gauge("walbridge_consumer_catch_up_eta_seconds",
-                         "Kafka lag / records per second (0 when caught up)", registry=r)
-        self.pending_transactions = Gauge("walbridge_consumer_pending_transactions",
-                                          "incomplete transactions waiting", registry=r)
-        self.pending_records = Gauge("walbridge_consumer_pending_records",
-                                     "records of incomplete transactions waiting", registry=r)
+            "now minus the source commit time of the last applied transaction",
+            registry=r,
+        )
+        self.kafka_lag = Gauge(
+            "walbridge_consumer_kafka_lag_records",
+            "Kafka records available but not read yet",
+            registry=r,
+        )
+        self.rate = Gauge(
+            "walbridge_consumer_transactions_per_second",
+            "applied source transactions per second (smoothed)",
+            registry=r,
+        )
+        self.records_rate = Gauge(
+            "walbridge_consumer_records_per_second",
+            "Kafka records read per second (smoothed)",
+            registry=r,
+        )
+        self.eta = Gauge(
+            "walbridge_consumer_catch_up_eta_seconds",
+            "Kafka lag / records per second (0 when caught up)",
+            registry=r,
+        )
+        self.pending_transactions = Gauge(
+            "walbridge_consumer_pending_transactions", "incomplete transactions waiting", registry=r
+        )
+        self.pending_records = Gauge(
+            "walbridge_consumer_pending_records",
+            "records of incomplete transactions waiting",
+            registry=r,
+        )
         self._tx_rate: float | None = None
         self._records_rate: float | None = None
         self._last_commit_ts_ms: int | None = None
@@ -119,8 +149,10 @@ class ConsumerMetrics:
         if behind is None:
             return None
         self.kafka_lag.set(behind)
-        rows, ms = progress.get("numInputRows"), (progress.get("durationMs") or {}).get(
-            "triggerExecution")
+        rows, ms = (
+            progress.get("numInputRows"),
+            (progress.get("durationMs") or {}).get("triggerExecution"),
+        )
         if rows and ms:
             self._records_rate = _smooth(self._records_rate, rows * 1000 / ms)
             self.records_rate.set(self._records_rate)

@@ -20,15 +20,17 @@ from pyspark.sql.types import (
 
 from spark_consumer.delta_version import table_version
 
-RAW_SCHEMA = StructType([
-    StructField("topic", StringType(), False),
-    StructField("partition", IntegerType(), False),
-    StructField("offset", LongType(), False),
-    StructField("key", BinaryType(), True),
-    StructField("value", BinaryType(), True),
-    StructField("timestamp", TimestampType(), True),
-    StructField("_first_seen", LongType(), False),  # epoch ms when first read by the consumer
-])
+RAW_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("_first_seen", LongType(), False),  # epoch ms when first read by the consumer
+    ]
+)
 
 
 def load(spark: SparkSession, path: str, version: int | None) -> DataFrame:

@@ -28,17 +28,19 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-PROGRESS_SCHEMA = StructType([
-    StructField("batch_id", LongType(), False),
-    StructField("commit_lsn", LongType(), False),
-    StructField("table_versions", MapType(StringType(), LongType()), False),
-    StructField("kafka_offsets", StringType(), False),
-    StructField("applied_at", TimestampType(), False),
-    StructField("pending_version", LongType(), True),
-    StructField("applied_transactions", LongType(), False),
-    StructField("pending_transactions", LongType(), False),
-    StructField("pending_oldest_age_s", DoubleType(), True),
-])
+PROGRESS_SCHEMA = StructType(
+    [
+        StructField("batch_id", LongType(), False),
+        StructField("commit_lsn", LongType(), False),
+        StructField("table_versions", MapType(StringType(), LongType()), False),
+        StructField("kafka_offsets", StringType(), False),
+        StructField("applied_at", TimestampType(), False),
+        StructField("pending_version", LongType(), True),
+        StructField("applied_transactions", LongType(), False),
+        StructField("pending_transactions", LongType(), False),
+        StructField("pending_oldest_age_s", DoubleType(), True),
+    ]
+)
 
 NO_LSN = -1  # watermark before anything was applied
 
@@ -67,8 +69,9 @@ def latest(spark: SparkSession, path: str) -> Progress:
     )
 
 
-def merge_offsets(before: dict[str, dict[str, int]],
-                  batch: list[tuple[str, int, int]]) -> dict[str, dict[str, int]]:
+def merge_offsets(
+    before: dict[str, dict[str, int]], batch: list[tuple[str, int, int]]
+) -> dict[str, dict[str, int]]:
     """Next offset to read per topic and partition, after this batch's (topic, partition, max)."""
     out = {t: dict(p) for t, p in before.items()}
     for topic, partition, max_offset in batch:
@@ -77,14 +80,23 @@ def merge_offsets(before: dict[str, dict[str, int]],
     return out
 
 
-def append(spark: SparkSession, path: str, batch_id: int, progress: Progress,
-           applied_transactions: int, pending_transactions: int,
-           pending_oldest_age_s: float | None) -> None:
+def append(
+    spark: SparkSession,
+    path: str,
+    batch_id: int,
+    progress: Progress,
+    applied_transactions: int,
+    pending_transactions: int,
+    pending_oldest_age_s: float | None,
+) -> None:
     if not DeltaTable.isDeltaTable(spark, path):
         # Created from the schema: the literal row below does not carry its nullability.
         DeltaTable.createIfNotExists(spark).location(path).addColumns(PROGRESS_SCHEMA).execute()
-    versions = [c for name, version in sorted(progress.table_versions.items())
-                for c in (F.lit(name), F.lit(version))]
+    versions = [
+        c
+        for name, version in sorted(progress.table_versions.items())
+        for c in (F.lit(name), F.lit(version))
+    ]
     values = {
         "batch_id": F.lit(batch_id),
         "commit_lsn": F.lit(progress.commit_lsn),
@@ -98,8 +110,9 @@ def append(spark: SparkSession, path: str, batch_id: int, progress: Progress,
     }
     # One row of literals, built in the JVM: createDataFrame from Python rows runs its task in
     # a Python worker, and starting one (when none is up) added about a second to a batch.
-    row = spark.range(1).select(*[values[f.name].cast(f.dataType).alias(f.name)
-                                  for f in PROGRESS_SCHEMA.fields])
+    row = spark.range(1).select(
+        *[values[f.name].cast(f.dataType).alias(f.name) for f in PROGRESS_SCHEMA.fields]
+    )
     # No Delta transaction id (txnAppId) on this write: checking one reads the table's whole
     # state, which cost about 0.5 s per batch. A batch id already in this table is skipped
     # before anything is written (BatchProcessor.process), and this row is its last write.

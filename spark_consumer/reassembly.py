@@ -93,7 +93,7 @@ class TableWork:
 @dataclass(frozen=True)
 class Plan:
     watermark_before: int  # commit_lsn applied before this batch (-1: nothing yet)
-    watermark_after: int   # commit_lsn applied after this batch
+    watermark_after: int  # commit_lsn applied after this batch
     applied_transactions: int
     tables: tuple[TableWork, ...]
     pending: tuple[TxSummary, ...] = field(default=())  # oldest first
@@ -110,8 +110,9 @@ class Plan:
         return self.pending[0] if self.pending else None
 
 
-def _summary(tx_id: str, lsn: int, marker: MarkerStats | None,
-             seen: Mapping[str, TableStats]) -> TxSummary:
+def _summary(
+    tx_id: str, lsn: int, marker: MarkerStats | None, seen: Mapping[str, TableStats]
+) -> TxSummary:
     firsts = [s.first_seen_ms for s in seen.values()] + ([marker.first_seen_ms] if marker else [])
     if marker is None or not marker.has_end:
         return TxSummary(tx_id, lsn, False, ("END marker not seen yet",), min(firsts))
@@ -119,7 +120,8 @@ def _summary(tx_id: str, lsn: int, marker: MarkerStats | None,
     missing = tuple(
         f"{c}: {counts.get(c, 0)} of {marker.expected.get(c, 0)} events"
         for c in sorted(set(marker.expected) | set(counts))
-        if counts.get(c, 0) != marker.expected.get(c, 0))
+        if counts.get(c, 0) != marker.expected.get(c, 0)
+    )
     return TxSummary(tx_id, lsn, True, missing, min(firsts))
 
 
@@ -133,8 +135,7 @@ def _bounds(stats: list[TableStats]) -> tuple[int | str | None, int | str | None
     return min(lows), max(highs)  # type: ignore[type-var]
 
 
-def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats],
-           watermark: int) -> Plan:
+def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats], watermark: int) -> Plan:
     """Plan one batch from its aggregates. Raises `TransactionError` when the producer broke
     the ordering contract (data events without END although a later transaction ended)."""
     by_tx: dict[str, dict[str, TableStats]] = {}
@@ -173,7 +174,8 @@ def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats],
         raise TransactionError(
             "data events without an END marker although later transactions ended "
             "(is the transaction topic single-partition, and are markers published?): "
-            + "; ".join(f"tx {tx} at commit_lsn {lsn[tx]}" for tx in orphans[:5]))
+            + "; ".join(f"tx {tx} at commit_lsn {lsn[tx]}" for tx in orphans[:5])
+        )
 
     per_table: dict[str, list[TableStats]] = {}
     for tx in applied:
@@ -181,26 +183,43 @@ def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats],
             per_table.setdefault(c, []).append(s)
     work = []
     for c, stats in sorted(per_table.items()):
-        truncates = [(s.commit_lsn, s.truncate_order) for s in stats
-                     if s.truncate_order is not None]
+        truncates = [
+            (s.commit_lsn, s.truncate_order) for s in stats if s.truncate_order is not None
+        ]
         low, high = _bounds(stats)
-        work.append(TableWork(
-            collection=c, topic=stats[0].topic, events=sum(s.events for s in stats),
-            only_truncates=all(s.truncates == s.records for s in stats),
-            truncate=max(truncates) if truncates else None,
-            toast_columns=frozenset().union(*(s.toast_columns for s in stats)),
-            key_min=low, key_max=high,
-            only_distinct_inserts=all(s.only_inserts and not s.duplicates for s in stats)))
+        work.append(
+            TableWork(
+                collection=c,
+                topic=stats[0].topic,
+                events=sum(s.events for s in stats),
+                only_truncates=all(s.truncates == s.records for s in stats),
+                truncate=max(truncates) if truncates else None,
+                toast_columns=frozenset().union(*(s.toast_columns for s in stats)),
+                key_min=low,
+                key_max=high,
+                only_distinct_inserts=all(s.only_inserts and not s.duplicates for s in stats),
+            )
+        )
 
     waiting = [tx for tx in order if lsn[tx] > w_after]
-    pending = sorted((_summary(tx, lsn[tx], mark.get(tx), by_tx.get(tx, {})) for tx in waiting),
-                     key=lambda t: (t.first_seen_ms, t.commit_lsn))
+    pending = sorted(
+        (_summary(tx, lsn[tx], mark.get(tx), by_tx.get(tx, {})) for tx in waiting),
+        key=lambda t: (t.first_seen_ms, t.commit_lsn),
+    )
     pending_records = sum(
-        sum(s.records for s in by_tx.get(tx, {}).values())
-        + (mark[tx].records if tx in mark else 0) for tx in waiting)
+        sum(s.records for s in by_tx.get(tx, {}).values()) + (mark[tx].records if tx in mark else 0)
+        for tx in waiting
+    )
     last = mark.get(applied[-1]) if applied else None
-    return Plan(watermark, w_after, len(applied), tuple(work), tuple(pending), pending_records,
-                last.commit_ts_ms if last else None)
+    return Plan(
+        watermark,
+        w_after,
+        len(applied),
+        tuple(work),
+        tuple(pending),
+        pending_records,
+        last.commit_ts_ms if last else None,
+    )
 
 
 def check_age(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> None:
@@ -209,7 +228,9 @@ def check_age(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> Non
     if stale:
         raise TransactionError(
             f"transaction(s) incomplete for more than {max_age_s:.0f}s: "
-            + "; ".join(f"tx {t.tx_id} (commit_lsn {t.commit_lsn}, first seen "
-                        f"{(now_ms - t.first_seen_ms) / 1000:.0f}s ago): {', '.join(t.missing)}"
-                        for t in stale[:5])
+            + "; ".join(
+                f"tx {t.tx_id} (commit_lsn {t.commit_lsn}, first seen "
+                f"{(now_ms - t.first_seen_ms) / 1000:.0f}s ago): {', '.join(t.missing)}"
+                for t in stale[:5]
+            )
         )

@@ -71,7 +71,9 @@ def build_session(
         .config("spark.jars.packages", ",".join(maven_packages()))
         .config("spark.jars.ivy", str(ivy))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("WALBRIDGE_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.ui.enabled", "false")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from schemas.topics import subscribe_pattern, transaction_topic
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.errors import ConfigError
-from spark_consumer.topics import subscribe_pattern, transaction_topic
 
 
 def check_transaction_topic(config: ConsumerConfig, timeout_s: float = 30.0) -> None:
@@ -18,8 +18,7 @@ def check_transaction_topic(config: ConsumerConfig, timeout_s: float = 30.0) -> 
 
     topic = transaction_topic(config.topic_prefix)
     # All topics, not just this one: asking for a missing topic can auto-create it.
-    meta = AdminClient({"bootstrap.servers": config.kafka_bootstrap}).list_topics(
-        timeout=timeout_s)
+    meta = AdminClient({"bootstrap.servers": config.kafka_bootstrap}).list_topics(timeout=timeout_s)
     info = meta.topics.get(topic)
     if info is None or info.error is not None:
         return
@@ -27,7 +26,8 @@ def check_transaction_topic(config: ConsumerConfig, timeout_s: float = 30.0) -> 
         raise ConfigError(
             f"topic {topic!r} has {len(info.partitions)} partitions; the transaction topic must "
             "have exactly one (markers must stay in commit order). Recreate it with one "
-            "partition before the producer starts.")
+            "partition before the producer starts."
+        )
 
 
 def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
@@ -48,11 +48,11 @@ def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
     return reader.load()
 
 
-def start(spark: SparkSession, config: ConsumerConfig,
-          processor: BatchProcessor) -> StreamingQuery:
+def start(spark: SparkSession, config: ConsumerConfig, processor: BatchProcessor) -> StreamingQuery:
     check_transaction_topic(config)
     writer = (
-        kafka_stream(spark, config).writeStream.queryName("walbridge-consumer")
+        kafka_stream(spark, config)
+        .writeStream.queryName("walbridge-consumer")
         .option("checkpointLocation", config.checkpoint_path)
         .foreachBatch(processor)
     )

@@ -37,8 +37,9 @@ class BadRecord:
 
 def bad_reason() -> Column:
     """Why a decoded data event cannot be applied, or null when it can."""
-    return (F.when(~F.col(E.OK), F.lit(NOT_DECODED))
-            .when(F.col(E.TX_ID).isNull() | F.col(E.COMMIT_LSN).isNull(), F.lit(NO_TRANSACTION)))
+    return F.when(~F.col(E.OK), F.lit(NOT_DECODED)).when(
+        F.col(E.TX_ID).isNull() | F.col(E.COMMIT_LSN).isNull(), F.lit(NO_TRANSACTION)
+    )
 
 
 def usable() -> Column:
@@ -106,59 +107,90 @@ def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
     )
 
 
-def collect(tables: Sequence[tuple[DataFrame, str | None]], markers: DataFrame,
-            watermark: int, message_collection: str, now_ms: int,
-            ) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
+def collect(
+    tables: Sequence[tuple[DataFrame, str | None]],
+    markers: DataFrame,
+    watermark: int,
+    message_collection: str,
+    now_ms: int,
+) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
     """Run the batch's one aggregation. `tables`: (decoded events, first key column or None).
     Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`."""
     parts = [_data_rows(df, key, watermark) for df, key in tables] + [
-        _marker_rows(markers, watermark)]
+        _marker_rows(markers, watermark)
+    ]
     rows = reduce(DataFrame.unionByName, parts)
     end = F.col("status") == "END"
-    agg = rows.groupBy("kind", "bad", "tx", "coll", "topic").agg(
-        F.max("lsn").alias("lsn"),
-        # size(collect_set) rather than count_distinct: one hash aggregate, no Expand stage.
-        F.size(F.collect_set("ord")).alias("events"),
-        F.count(F.lit(1)).alias("records"),
-        F.min("seen").alias("seen"),
-        F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
-        F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
-        # Most events leave no TOAST value unchanged: collect only the non-empty lists.
-        F.array_distinct(F.flatten(F.collect_set(
-            F.when(F.size("toast") > 0, F.col("toast"))))).alias("toast"),
-        F.min("k_long").alias("kl_min"), F.max("k_long").alias("kl_max"),
-        F.min("k_str").alias("ks_min"), F.max("k_str").alias("ks_max"),
-        # A null in the bounds column means some event had no usable key value.
-        F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
-        # Any event but an insert: the insert-only MERGE is then out of the question.
-        F.max(F.col("op") != "c").alias("not_insert"),
-        F.max(end).alias("has_end"),
-        F.max(F.when(end, F.col("dcs"))).alias("dcs"),
-        F.max("ts").alias("ts"),
-        F.min(F.struct("part", "off")).alias("first"),
-    ).collect()
+    agg = (
+        rows.groupBy("kind", "bad", "tx", "coll", "topic")
+        .agg(
+            F.max("lsn").alias("lsn"),
+            # size(collect_set) rather than count_distinct: one hash aggregate, no Expand stage.
+            F.size(F.collect_set("ord")).alias("events"),
+            F.count(F.lit(1)).alias("records"),
+            F.min("seen").alias("seen"),
+            F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
+            F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+            # Most events leave no TOAST value unchanged: collect only the non-empty lists.
+            F.array_distinct(
+                F.flatten(F.collect_set(F.when(F.size("toast") > 0, F.col("toast"))))
+            ).alias("toast"),
+            F.min("k_long").alias("kl_min"),
+            F.max("k_long").alias("kl_max"),
+            F.min("k_str").alias("ks_min"),
+            F.max("k_str").alias("ks_max"),
+            # A null in the bounds column means some event had no usable key value.
+            F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
+            # Any event but an insert: the insert-only MERGE is then out of the question.
+            F.max(F.col("op") != "c").alias("not_insert"),
+            F.max(end).alias("has_end"),
+            F.max(F.when(end, F.col("dcs"))).alias("dcs"),
+            F.max("ts").alias("ts"),
+            F.min(F.struct("part", "off")).alias("first"),
+        )
+        .collect()
+    )
     data: list[TableStats] = []
     marks: list[MarkerStats] = []
     bad: list[BadRecord] = []
     for r in agg:
         seen = now_ms if r["seen"] is None else r["seen"]
         if r["bad"] is not None:
-            bad.append(BadRecord(r["topic"], r["first"]["part"], r["first"]["off"], r["bad"],
-                                 r["records"]))
+            bad.append(
+                BadRecord(r["topic"], r["first"]["part"], r["first"]["off"], r["bad"], r["records"])
+            )
         elif r["kind"] == "d":
             low = r["kl_min"] if r["kl_min"] is not None else r["ks_min"]
             high = r["kl_max"] if r["kl_max"] is not None else r["ks_max"]
             if r["k_null"]:
                 low = high = None
-            data.append(TableStats(
-                tx_id=r["tx"], collection=r["coll"], topic=r["topic"], commit_lsn=r["lsn"],
-                events=r["events"], records=r["records"], first_seen_ms=seen,
-                truncate_order=r["t_ord"], truncates=r["truncates"], toast_columns=frozenset(r["toast"] or ()),
-                key_min=low, key_max=high, only_inserts=not r["not_insert"]))
+            data.append(
+                TableStats(
+                    tx_id=r["tx"],
+                    collection=r["coll"],
+                    topic=r["topic"],
+                    commit_lsn=r["lsn"],
+                    events=r["events"],
+                    records=r["records"],
+                    first_seen_ms=seen,
+                    truncate_order=r["t_ord"],
+                    truncates=r["truncates"],
+                    toast_columns=frozenset(r["toast"] or ()),
+                    key_min=low,
+                    key_max=high,
+                    only_inserts=not r["not_insert"],
+                )
+            )
         else:
-            expected = {d["data_collection"]: d["event_count"] for d in (r["dcs"] or ())
-                        if d["data_collection"] != message_collection}
-            marks.append(MarkerStats(r["tx"], r["lsn"], bool(r["has_end"]), expected,
-                                     r["records"], seen, r["ts"]))
+            expected = {
+                d["data_collection"]: d["event_count"]
+                for d in (r["dcs"] or ())
+                if d["data_collection"] != message_collection
+            }
+            marks.append(
+                MarkerStats(
+                    r["tx"], r["lsn"], bool(r["has_end"]), expected, r["records"], seen, r["ts"]
+                )
+            )
     bad.sort(key=lambda b: (b.topic, b.partition, b.offset))
     return data, marks, bad

@@ -27,7 +27,7 @@ Row = dict[str, Any]
 class TableDiff:
     table: str
     missing: tuple[Any, ...]  # keys in PostgreSQL, not in the lake
-    extra: tuple[Any, ...]    # keys in the lake, not in PostgreSQL
+    extra: tuple[Any, ...]  # keys in the lake, not in PostgreSQL
     different: tuple[tuple[Any, str, Any, Any], ...]  # (key, column, pg value, lake value)
 
     @property
@@ -37,8 +37,9 @@ class TableDiff:
 
 def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[str]:
     rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
-        "ORDER BY 1, 2", (publication,)).fetchall()
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+        (publication,),
+    ).fetchall()
     return [f"{s}.{t}" for s, t in rows]
 
 
@@ -52,7 +53,9 @@ def key_columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
           AND (i.indisreplident OR (i.indisprimary AND NOT EXISTS (
                SELECT 1 FROM pg_index j WHERE j.indrelid = i.indrelid AND j.indisreplident)))
         ORDER BY array_position(i.indkey, a.attnum)
-        """, (table,)).fetchall()
+        """,
+        (table,),
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -100,15 +103,18 @@ def diff(table: str, pg: Mapping[Any, Row], lake: Mapping[Any, Row], limit: int 
     return TableDiff(table, missing, extra, tuple(different))
 
 
-def read_pg(conn: psycopg.Connection[Any], table: str, cols: list[ColumnInfo],
-            key: list[str]) -> dict[Any, Row]:
+def read_pg(
+    conn: psycopg.Connection[Any], table: str, cols: list[ColumnInfo], key: list[str]
+) -> dict[Any, Row]:
     schema, name = table.split(".", 1)
     exprs = sql.SQL(", ").join(forms.pg_expression(c) for c in cols)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {} FROM {}.{}").format(
-            exprs, sql.Identifier(schema), sql.Identifier(name)))
-        rows = [{c.name: forms.pg_value(c, v) for c, v in zip(cols, r, strict=True)}
-                for r in cur]
+        cur.execute(
+            sql.SQL("SELECT {} FROM {}.{}").format(
+                exprs, sql.Identifier(schema), sql.Identifier(name)
+            )
+        )
+        rows = [{c.name: forms.pg_value(c, v) for c, v in zip(cols, r, strict=True)} for r in cur]
     return _by_key(rows, key)
 
 
@@ -126,21 +132,25 @@ def _by_key(rows: list[Row], key: list[str]) -> dict[Any, Row]:
     return out
 
 
-def read_lake(spark: SparkSession, path: str, cols: list[ColumnInfo],
-              key: list[str]) -> dict[Any, Row] | None:
+def read_lake(
+    spark: SparkSession, path: str, cols: list[ColumnInfo], key: list[str]
+) -> dict[Any, Row] | None:
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
         return None
     df = spark.read.format("delta").load(path)
-    rows = [{c.name: forms.lake_text(c, r.asDict()) for c in cols}
-            for r in df.toLocalIterator()]
+    rows = [{c.name: forms.lake_text(c, r.asDict()) for c in cols} for r in df.toLocalIterator()]
     return _by_key(rows, key)
 
 
 # Canonical text forms on the PostgreSQL side (see verify_forms).
-SESSION = ("SET DateStyle = 'ISO, MDY'", "SET TimeZone = 'UTC'",
-           "SET IntervalStyle = 'postgres'", "SET extra_float_digits = 1")
+SESSION = (
+    "SET DateStyle = 'ISO, MDY'",
+    "SET TimeZone = 'UTC'",
+    "SET IntervalStyle = 'postgres'",
+    "SET extra_float_digits = 1",
+)
 
 
 def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
@@ -150,8 +160,10 @@ def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
         if config.tables:
             unknown = set(config.tables) - set(tables)
             if unknown:
-                raise ConfigError(f"WALBRIDGE_TABLES {sorted(unknown)} are not in publication "
-                                  f"{config.publication!r}")
+                raise ConfigError(
+                    f"WALBRIDGE_TABLES {sorted(unknown)} are not in publication "
+                    f"{config.publication!r}"
+                )
             tables = [t for t in tables if t in config.tables]
         for statement in SESSION:
             conn.execute(statement)
@@ -171,10 +183,11 @@ def report(diffs: list[TableDiff]) -> str:
         if d.equal:
             lines.append(f"{d.table}: equal")
             continue
-        lines.append(f"{d.table}: {len(d.missing)} missing, {len(d.extra)} extra, "
-                     f"{len(d.different)} different (first 20 of each)")
+        lines.append(
+            f"{d.table}: {len(d.missing)} missing, {len(d.extra)} extra, "
+            f"{len(d.different)} different (first 20 of each)"
+        )
         lines += [f"  missing {k}" for k in d.missing]
         lines += [f"  extra   {k}" for k in d.extra]
         lines += [f"  differs {k} {c}: pg={pv!r} lake={lv!r}" for k, c, pv, lv in d.different]
     return "\n".join(lines)
-

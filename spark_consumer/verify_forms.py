@@ -54,7 +54,8 @@ def pg_expression(col: ColumnInfo) -> sql.Composable:
         return sql.SQL(
             "CASE WHEN {0} IS NULL THEN NULL ELSE coalesce(array_dims({0}), '') || '|' || "
             "(SELECT coalesce(json_agg(x::text ORDER BY n), '[]') "
-            "FROM unnest({0}) WITH ORDINALITY AS u(x, n))::text END").format(c)
+            "FROM unnest({0}) WITH ORDINALITY AS u(x, n))::text END"
+        ).format(c)
     return sql.SQL("{0}::text").format(c)
 
 
@@ -63,8 +64,10 @@ def _fraction(micros: int) -> str:
 
 
 def _timestamp(v: datetime) -> str:
-    return (f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}"
-            + _fraction(v.microsecond))
+    return (
+        f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}"
+        + _fraction(v.microsecond)
+    )
 
 
 def render_scalar(base: str, v: Any) -> str | None:
@@ -99,8 +102,9 @@ def render_scalar(base: str, v: Any) -> str | None:
 def _dims(shape: Any, n: int) -> str:
     if shape is None:
         return f"[1:{n}]" if n else ""
-    return "".join(f"[{lb}:{lb + d - 1}]" for d, lb in zip(shape["dims"], shape["lower_bounds"],
-                                                         strict=True))
+    return "".join(
+        f"[{lb}:{lb + d - 1}]" for d, lb in zip(shape["dims"], shape["lower_bounds"], strict=True)
+    )
 
 
 def lake_text(col: ColumnInfo, row: dict[str, Any]) -> Any:
@@ -141,4 +145,3 @@ def pg_value(col: ColumnInfo, v: Any) -> Any:
         dims, _, elements = v.partition("|")
         return dims + "|" + json.dumps(json.loads(elements))
     return v
-

@@ -32,7 +32,9 @@ class Stack:
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `deploy/local/stack <args>` (outage tests stop and start single services)."""
         if not self.managed:
-            pytest.fail("this test stops and starts services, so it needs the stack started by the tests")
+            pytest.fail(
+                "this test stops and starts services, so it needs the stack started by the tests"
+            )
         return subprocess.run([str(STACK), *args], check=True, text=True, capture_output=True)
 
 

@@ -125,10 +125,13 @@ def workload(conn: psycopg.Connection) -> dict[str, int]:
     for batch in range(5):
         with tx():
             conn.execute(
-                "UPDATE customers SET loyalty_points = %s * 10 + id %% 7 WHERE id %% 5 = %s", (batch, batch)
+                "UPDATE customers SET loyalty_points = %s * 10 + id %% 7 WHERE id %% 5 = %s",
+                (batch, batch),
             )
     with tx():
-        conn.execute("DELETE FROM customers WHERE id > 195 AND NOT EXISTS (SELECT 1 FROM orders WHERE customer_id = customers.id)")
+        conn.execute(
+            "DELETE FROM customers WHERE id > 195 AND NOT EXISTS (SELECT 1 FROM orders WHERE customer_id = customers.id)"
+        )
     conn.execute("RESET search_path")
     return counts
 
@@ -137,7 +140,9 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"demo: the producer exited early (status {proc.returncode}); see its log")
+            raise SystemExit(
+                f"demo: the producer exited early (status {proc.returncode}); see its log"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
@@ -148,12 +153,16 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None
     raise SystemExit(f"demo: {url} did not answer 200 within {timeout_s:.0f}s")
 
 
-def wait_confirmed(conn: psycopg.Connection, slot: str, target_lsn: str, proc: subprocess.Popen[bytes]) -> float:
+def wait_confirmed(
+    conn: psycopg.Connection, slot: str, target_lsn: str, proc: subprocess.Popen[bytes]
+) -> float:
     """Wait until the producer has confirmed everything up to target_lsn (all events acked by Kafka)."""
     start = time.monotonic()
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"demo: the producer exited (status {proc.returncode}) before catching up")
+            raise SystemExit(
+                f"demo: the producer exited (status {proc.returncode}) before catching up"
+            )
         row = conn.execute(
             "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
             (target_lsn, slot),
@@ -168,7 +177,9 @@ def wait_confirmed(conn: psycopg.Connection, slot: str, target_lsn: str, proc: s
 @contextmanager
 def producer_process(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "producer", "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer", "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             yield proc
         finally:
@@ -192,7 +203,9 @@ def topic_counts(bootstrap: str, prefix: str) -> dict[str, int]:
         for topic in topics:
             total = 0
             for partition in metadata.topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
                 total += high - low
             counts[topic] = total
     finally:
@@ -206,7 +219,9 @@ def drop_old_demo_slots(conn: psycopg.Connection) -> None:
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
         " WHERE slot_name LIKE 'walbridge\\_demo\\_%' AND NOT active"
     )
-    for (name,) in conn.execute("SELECT pubname FROM pg_publication WHERE pubname LIKE 'walbridge\\_demo\\_%'").fetchall():
+    for (name,) in conn.execute(
+        "SELECT pubname FROM pg_publication WHERE pubname LIKE 'walbridge\\_demo\\_%'"
+    ).fetchall():
         conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
 
 
@@ -246,10 +261,16 @@ def main() -> int:
             started = time.monotonic()
             counts = workload(conn)
             target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
-            say(f"{counts['transactions']} transactions committed in {time.monotonic() - started:.1f}s; waiting for Kafka to acknowledge up to {target}")
+            say(
+                f"{counts['transactions']} transactions committed in {time.monotonic() - started:.1f}s; waiting for Kafka to acknowledge up to {target}"
+            )
             waited = wait_confirmed(conn, slot, str(target), producer)
-            say(f"every change is in Kafka ({waited:.1f}s after the last commit); metrics: http://127.0.0.1:{metrics_port}/metrics")
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            say(
+                f"every change is in Kafka ({waited:.1f}s after the last commit); metrics: http://127.0.0.1:{metrics_port}/metrics"
+            )
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{metrics_port}/metrics", timeout=5
+            ) as response:
                 metrics = response.read().decode()
             (work / "producer-metrics.txt").write_text(metrics)
 
@@ -260,24 +281,35 @@ def main() -> int:
     consumer_log = work / "consumer.log"
     with consumer_log.open("wb") as log:
         status = subprocess.call(
-            [sys.executable, "-m", "spark_consumer", "run", "--available-now"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "spark_consumer", "run", "--available-now"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     if status != 0:
-        print((consumer_log.read_text(errors="replace").splitlines() or [""])[-40:], file=sys.stderr)
+        print(
+            (consumer_log.read_text(errors="replace").splitlines() or [""])[-40:], file=sys.stderr
+        )
         raise SystemExit(f"demo: the consumer failed (status {status}); log {consumer_log}")
 
     say("comparing PostgreSQL with the Delta tables (spark_consumer verify)")
-    verify = subprocess.run([sys.executable, "-m", "spark_consumer", "verify"], env=env, text=True, capture_output=True)
+    verify = subprocess.run(
+        [sys.executable, "-m", "spark_consumer", "verify"], env=env, text=True, capture_output=True
+    )
     (work / "verify.txt").write_text(verify.stdout + verify.stderr)
     print(verify.stdout.strip())
     if verify.returncode != 0:
         print(verify.stderr[-4000:], file=sys.stderr)
-        raise SystemExit(f"demo: verify found differences (status {verify.returncode}); see {work / 'verify.txt'}")
+        raise SystemExit(
+            f"demo: verify found differences (status {verify.returncode}); see {work / 'verify.txt'}"
+        )
 
     say("done: the lake equals the source.")
     say("where to look:")
     say(f"  Delta tables     {lake}/{SCHEMA}/<table>")
-    say(f"  progress table   {lake}/_walbridge/progress  (commit_lsn reached, table versions, Kafka offsets per batch)")
+    say(
+        f"  progress table   {lake}/_walbridge/progress  (commit_lsn reached, table versions, Kafka offsets per batch)"
+    )
     say(f"  logs             {producer_log}, {consumer_log}")
     say(f"  producer metrics {work / 'producer-metrics.txt'}")
     say("  stop the stack   deploy/local/stack down")

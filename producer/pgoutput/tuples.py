@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 import struct
-from typing import Final, Literal, NamedTuple, NoReturn, TypeAlias
+from typing import Literal, NamedTuple, NoReturn, TypeAlias
 
 from producer.pgoutput.errors import DecodeError, DecodeErrorKind
 from producer.pgoutput.reader import I32, U16, U32
+from schemas.unchanged_toast import UNCHANGED_TOAST, UnchangedToast
 
 
 class Value(NamedTuple):
@@ -20,17 +20,6 @@ class Value(NamedTuple):
     data: bytes
     binary: bool
 
-
-class UnchangedToast(enum.Enum):
-    """Type of the UNCHANGED_TOAST singleton ('u': a TOASTed value the server did not send)."""
-
-    UNCHANGED_TOAST = "u"
-
-    def __repr__(self) -> str:
-        return "UNCHANGED_TOAST"
-
-
-UNCHANGED_TOAST: Final = UnchangedToast.UNCHANGED_TOAST
 
 # One item per column: None = NULL ('n'), UNCHANGED_TOAST ('u'), or a Value ('t' / 'b').
 ColumnValue: TypeAlias = Value | Literal[UnchangedToast.UNCHANGED_TOAST] | None

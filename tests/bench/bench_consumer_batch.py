@@ -58,39 +58,66 @@ from tests.support.event_writer import (
 from tests.support.spark import KAFKA_SCHEMA, KafkaLog
 
 DEC = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
-ACCOUNTS = TableSpec("public", "accounts", (ColumnSpec("id", "long", "int8"),
-                                             ColumnSpec("balance", DEC, "numeric(12,2)"),
-                                             ColumnSpec("note", "string", "text")), ("id",))
+ACCOUNTS = TableSpec(
+    "public",
+    "accounts",
+    (
+        ColumnSpec("id", "long", "int8"),
+        ColumnSpec("balance", DEC, "numeric(12,2)"),
+        ColumnSpec("note", "string", "text"),
+    ),
+    ("id",),
+)
 SAVINGS = TableSpec("bank", "savings", ACCOUNTS.columns, ("id",))
 # The producer benchmark's 8-column table, in the Avro forms of schemas/type_mapping.py.
-TEXT_ARRAY = {"type": "record", "name": "text_array", "namespace": "io.walbridge.pg", "fields": [
-    {"name": "dims", "type": {"type": "array", "items": "int"}},
-    {"name": "lower_bounds", "type": {"type": "array", "items": "int"}},
-    {"name": "elements", "type": {"type": "array", "items": ["null", "string"]}}]}
-ROWS = TableSpec("bench", "rows", (
-    ColumnSpec("id", "long", "int8"),
-    ColumnSpec("name", "string", "text"),
-    ColumnSpec("price", [DEC, "string"], "numeric(12,2)"),
-    ColumnSpec("created", [{"type": "long", "logicalType": "timestamp-micros"}, "string"],
-               "timestamptz"),
-    ColumnSpec("doc", "string", "jsonb"),
-    ColumnSpec("active", "boolean", "bool"),
-    ColumnSpec("tags", TEXT_ARRAY, "text[]"),
-    ColumnSpec("mood", {"type": "string", "pg.enum.labels": ["sad", "ok", "happy"]}, "mood"),
-), ("id",))
+TEXT_ARRAY = {
+    "type": "record",
+    "name": "text_array",
+    "namespace": "io.walbridge.pg",
+    "fields": [
+        {"name": "dims", "type": {"type": "array", "items": "int"}},
+        {"name": "lower_bounds", "type": {"type": "array", "items": "int"}},
+        {"name": "elements", "type": {"type": "array", "items": ["null", "string"]}},
+    ],
+}
+ROWS = TableSpec(
+    "bench",
+    "rows",
+    (
+        ColumnSpec("id", "long", "int8"),
+        ColumnSpec("name", "string", "text"),
+        ColumnSpec("price", [DEC, "string"], "numeric(12,2)"),
+        ColumnSpec(
+            "created",
+            [{"type": "long", "logicalType": "timestamp-micros"}, "string"],
+            "timestamptz",
+        ),
+        ColumnSpec("doc", "string", "jsonb"),
+        ColumnSpec("active", "boolean", "bool"),
+        ColumnSpec("tags", TEXT_ARRAY, "text[]"),
+        ColumnSpec("mood", {"type": "string", "pg.enum.labels": ["sad", "ok", "happy"]}, "mood"),
+    ),
+    ("id",),
+)
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def wide_row(key: int, version: int = 0) -> dict[str, object]:
-    return {"id": key, "name": f"name-{key}", "price": Decimal(f"{(key + version) % 100000}.25"),
-            "created": EPOCH + timedelta(seconds=key), "doc": f'{{"g": {key}, "v": {version}}}',
-            "active": key % 2 == 0,
-            "tags": {"dims": [2], "lower_bounds": [1], "elements": ["a", str(key)]},
-            "mood": ("sad", "ok", "happy")[key % 3]}
+    return {
+        "id": key,
+        "name": f"name-{key}",
+        "price": Decimal(f"{(key + version) % 100000}.25"),
+        "created": EPOCH + timedelta(seconds=key),
+        "doc": f'{{"g": {key}, "v": {version}}}',
+        "active": key % 2 == 0,
+        "tags": {"dims": [2], "lower_bounds": [1], "elements": ["a", str(key)]},
+        "mood": ("sad", "ok", "happy")[key % 3],
+    }
 
 
-def mixed_transactions(writer: EventWriter, first_xid: int, count: int, first_key: int,
-                       lake_keys: int) -> tuple[list[KafkaRecord], int]:
+def mixed_transactions(
+    writer: EventWriter, first_xid: int, count: int, first_key: int, lake_keys: int
+) -> tuple[list[KafkaRecord], int]:
     """Transactions of 1000 changes: 800 inserts of new keys, 100 updates of lake keys
     (below `lake_keys`), 100 updates of keys inserted earlier in this batch (inserts instead
     when there are none). Returns the records and the next unused key."""
@@ -112,8 +139,9 @@ def mixed_transactions(writer: EventWriter, first_xid: int, count: int, first_ke
     return out, key
 
 
-def producer_transactions(writer: EventWriter, first_xid: int, changes: int,
-                          first_key: int = 0) -> list[KafkaRecord]:
+def producer_transactions(
+    writer: EventWriter, first_xid: int, changes: int, first_key: int = 0
+) -> list[KafkaRecord]:
     """The producer benchmark's workload (bench_producer.py): half the changes are inserts in
     transactions of 1000, then every inserted row is updated once, again 1000 per transaction
     (its UPDATE changes price and active)."""
@@ -135,8 +163,9 @@ def producer_transactions(writer: EventWriter, first_xid: int, changes: int,
     return out
 
 
-def transactions(writer: EventWriter, first_xid: int, count: int, changes_per_tx: int,
-                 key_space: int) -> list[KafkaRecord]:
+def transactions(
+    writer: EventWriter, first_xid: int, count: int, changes_per_tx: int, key_space: int
+) -> list[KafkaRecord]:
     out: list[KafkaRecord] = []
     for i in range(count):
         xid = first_xid + i
@@ -157,15 +186,19 @@ class Workload:
     next_key: int = 0  # mixed: the first key not inserted yet
 
 
-def workload(name: str, writer: EventWriter, first_xid: int, changes: int,
-             lake_keys: int = 0) -> Workload:
+def workload(
+    name: str, writer: EventWriter, first_xid: int, changes: int, lake_keys: int = 0
+) -> Workload:
     """`changes` changes of one workload; mixed updates keys below `lake_keys` (the lake's)."""
     if name == "inserts":
         n_tx = max(1, changes // 100)
         return Workload(transactions(writer, first_xid, n_tx, 100, 10**9), n_tx * 100, n_tx)
     if name == "producer":
-        return Workload(producer_transactions(writer, first_xid, changes, 10**8),
-                        changes // 2 * 2, 2 * -(-(changes // 2) // 1000))
+        return Workload(
+            producer_transactions(writer, first_xid, changes, 10**8),
+            changes // 2 * 2,
+            2 * -(-(changes // 2) // 1000),
+        )
     n_tx = max(1, changes // 1000)
     first_key = 10**8 if lake_keys else 0
     recs, next_key = mixed_transactions(writer, first_xid, n_tx, first_key, lake_keys)
@@ -179,22 +212,32 @@ def kafka_frame(spark: SparkSession, rows: list[tuple[object, ...]], where: str)
     import pyarrow.parquet as pq
 
     names = ["topic", "partition", "offset", "key", "value", "timestamp"]
-    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
-                        ("offset", pa.int64()), ("key", pa.binary()), ("value", pa.binary()),
-                        ("timestamp", pa.timestamp("us"))])
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("timestamp", pa.timestamp("us")),
+        ]
+    )
     Path(where).mkdir(parents=True)
     half = (len(rows) + 1) // 2
     for i, part in enumerate((rows[:half], rows[half:])):  # two files: two partitions
         columns = list(zip(*part, strict=True)) if part else [() for _ in names]
-        pq.write_table(pa.table(dict(zip(names, columns, strict=True)), schema=schema),
-                       f"{where}/part-{i}.parquet")
+        pq.write_table(
+            pa.table(dict(zip(names, columns, strict=True)), schema=schema),
+            f"{where}/part-{i}.parquet",
+        )
     frame = spark.read.schema(KAFKA_SCHEMA).parquet(where).persist()
     frame.count()
     return frame
 
 
-def baseline_append(big: DataFrame, specs: tuple[TableSpec, ...],
-                    client: SchemaRegistryClient, where: str) -> None:
+def baseline_append(
+    big: DataFrame, specs: tuple[TableSpec, ...], client: SchemaRegistryClient, where: str
+) -> None:
     """The baseline: decode the same rows the same way and append them to fresh Delta tables."""
     from pyspark.sql import functions as F
 
@@ -209,10 +252,14 @@ def baseline_append(big: DataFrame, specs: tuple[TableSpec, ...],
         first = part.select(schema_id_col(F.col("value")).alias("v")).first()
         assert first is not None, f"no rows of {spec.topic('bench')}"
         vid = first["v"]
-        events = table_events(with_envelope_from_avro(part, schemas.text(vid)),
-                              row_fields(schemas.parsed(vid)), DEFAULT_CONVERSIONS)
+        events = table_events(
+            with_envelope_from_avro(part, schemas.text(vid)),
+            row_fields(schemas.parsed(vid)),
+            DEFAULT_CONVERSIONS,
+        )
         events.drop("_unchanged_toast").write.format("delta").mode("append").save(
-            f"{where}/{spec.table}")
+            f"{where}/{spec.table}"
+        )
 
 
 def main() -> None:
@@ -220,12 +267,24 @@ def main() -> None:
     ap.add_argument("--small-batches", type=int, default=5)
     ap.add_argument("--large", type=int, default=50_000, help="changes in the large batch")
     ap.add_argument("--workload", choices=("inserts", "mixed", "producer"), default="inserts")
-    ap.add_argument("--preload", type=int, default=100_000,
-                    help="mixed: rows inserted by an earlier batch, updated by the large one")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="times the large batch is applied (each to a fresh lake) and appended")
-    ap.add_argument("--warmup", type=int, default=100_000,
-                    help="changes of an untimed batch (consumer and baseline) that warms the JVM")
+    ap.add_argument(
+        "--preload",
+        type=int,
+        default=100_000,
+        help="mixed: rows inserted by an earlier batch, updated by the large one",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="times the large batch is applied (each to a fresh lake) and appended",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=100_000,
+        help="changes of an untimed batch (consumer and baseline) that warms the JVM",
+    )
     args = ap.parse_args()
 
     spark = build_session("bench-consumer-batch")
@@ -234,9 +293,15 @@ def main() -> None:
     writer = EventWriter(client, "bench")
     log = KafkaLog()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = ConsumerConfig(kafka_bootstrap="-", schema_registry_url="mock://bench-batch",
-                             topic_prefix="bench", lake_path=f"{tmp}/lake",
-                             checkpoint_path=f"{tmp}/cp", trigger=None, available_now=True)
+        cfg = ConsumerConfig(
+            kafka_bootstrap="-",
+            schema_registry_url="mock://bench-batch",
+            topic_prefix="bench",
+            lake_path=f"{tmp}/lake",
+            checkpoint_path=f"{tmp}/cp",
+            trigger=None,
+            available_now=True,
+        )
         proc = BatchProcessor(spark, cfg, WriterSchemas(client))
         xid = 1
         small: list[float] = []
@@ -249,10 +314,14 @@ def main() -> None:
             small.append(time.perf_counter() - t0)
             print(f"  batch {b}: {small[-1]:.1f} s {report.steps}")
         if small:
-            print(f"small batches (2 tx, 6 changes): {', '.join(f'{s:.1f}' for s in small)} s; "
-                  f"median {sorted(small)[len(small) // 2]:.1f} s (first includes table creation)")
+            print(
+                f"small batches (2 tx, 6 changes): {', '.join(f'{s:.1f}' for s in small)} s; "
+                f"median {sorted(small)[len(small) // 2]:.1f} s (first includes table creation)"
+            )
 
-        specs: tuple[TableSpec, ...] = (ACCOUNTS, SAVINGS) if args.workload == "inserts" else (ROWS,)
+        specs: tuple[TableSpec, ...] = (
+            (ACCOUNTS, SAVINGS) if args.workload == "inserts" else (ROWS,)
+        )
         if args.warmup:
             # A long-running job's JVM has compiled its hot paths; a cold one spends the first
             # seconds in the interpreter and JIT. Both sides get the same untimed warm-up.
@@ -262,8 +331,10 @@ def main() -> None:
             t0 = time.perf_counter()
             BatchProcessor(spark, wcfg, WriterSchemas(client)).process(frame, 0)
             baseline_append(frame, specs, client, f"{tmp}/warm-append")
-            print(f"  warm-up ({args.warmup} changes, consumer and baseline, untimed): "
-                  f"{time.perf_counter() - t0:.1f} s")
+            print(
+                f"  warm-up ({args.warmup} changes, consumer and baseline, untimed): "
+                f"{time.perf_counter() - t0:.1f} s"
+            )
 
         xid = 10**7
         pre = None
@@ -288,8 +359,10 @@ def main() -> None:
             if pre is not None:
                 t0 = time.perf_counter()
                 proc.process(pre, batch_id)
-                print(f"  round {r}: preload batch of {args.preload} changes in "
-                      f"{time.perf_counter() - t0:.1f} s (not counted)")
+                print(
+                    f"  round {r}: preload batch of {args.preload} changes in "
+                    f"{time.perf_counter() - t0:.1f} s (not counted)"
+                )
                 batch_id += 1
             t0 = time.perf_counter()
             report = proc.process(big, batch_id)
@@ -297,14 +370,18 @@ def main() -> None:
             t0 = time.perf_counter()
             baseline_append(big, specs, client, f"{tmp}/append-{r}")
             plain.append(time.perf_counter() - t0)
-            print(f"  round {r}: consumer {ours[-1]:.1f} s {report.steps}; plain decode+append "
-                  f"{plain[-1]:.1f} s; ratio {ours[-1] / plain[-1]:.2f}")
+            print(
+                f"  round {r}: consumer {ours[-1]:.1f} s {report.steps}; plain decode+append "
+                f"{plain[-1]:.1f} s; ratio {ours[-1] / plain[-1]:.2f}"
+            )
         m_ours, m_plain = statistics.median(ours), statistics.median(plain)
-        print(f"large batch ({args.workload}): {changes} changes in {n_tx} tx, median of "
-              f"{args.rounds} round(s): consumer {m_ours:.1f} s ({changes / m_ours:,.0f} "
-              f"changes/s); plain decode+append {m_plain:.1f} s ({changes / m_plain:,.0f} "
-              f"changes/s); ratio consumer/append {m_ours / m_plain:.2f} (per round: "
-              f"{', '.join(f'{a / b:.2f}' for a, b in zip(ours, plain, strict=True))})")
+        print(
+            f"large batch ({args.workload}): {changes} changes in {n_tx} tx, median of "
+            f"{args.rounds} round(s): consumer {m_ours:.1f} s ({changes / m_ours:,.0f} "
+            f"changes/s); plain decode+append {m_plain:.1f} s ({changes / m_plain:,.0f} "
+            f"changes/s); ratio consumer/append {m_ours / m_plain:.2f} (per round: "
+            f"{', '.join(f'{a / b:.2f}' for a, b in zip(ours, plain, strict=True))})"
+        )
     spark.stop()
 
 

@@ -31,14 +31,25 @@ from tests.support.event_writer import (
 )
 from tests.support.spark import KafkaLog
 
-TABLE = TableSpec("public", "bench", (
-    ColumnSpec("id", "long", "int8"), ColumnSpec("a", "int", "int4"),
-    ColumnSpec("b", "string", "text"), ColumnSpec("c", "double", "float8"),
-    ColumnSpec("d", {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
-               "numeric(12,2)"),
-    ColumnSpec("e", {"type": "long", "logicalType": "timestamp-micros"}, "timestamptz"),
-    ColumnSpec("f", "boolean", "bool"), ColumnSpec("g", {"type": "string", "logicalType": "uuid"},
-                                                   "uuid")), ("id",))
+TABLE = TableSpec(
+    "public",
+    "bench",
+    (
+        ColumnSpec("id", "long", "int8"),
+        ColumnSpec("a", "int", "int4"),
+        ColumnSpec("b", "string", "text"),
+        ColumnSpec("c", "double", "float8"),
+        ColumnSpec(
+            "d",
+            {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
+            "numeric(12,2)",
+        ),
+        ColumnSpec("e", {"type": "long", "logicalType": "timestamp-micros"}, "timestamptz"),
+        ColumnSpec("f", "boolean", "bool"),
+        ColumnSpec("g", {"type": "string", "logicalType": "uuid"}, "uuid"),
+    ),
+    ("id",),
+)
 
 
 def main(n: int) -> None:
@@ -53,10 +64,19 @@ def main(n: int) -> None:
         tx = writer.transaction(t + 1, (t + 1) * 1000)
         for i in range(per_tx):
             k = t * per_tx + i
-            tx.insert(TABLE, {"id": k, "a": i, "b": f"row {k}", "c": k / 3,
-                              "d": Decimal(k % 100000) / 100,
-                              "e": dt.datetime(2024, 1, 1, tzinfo=dt.UTC), "f": k % 2 == 0,
-                              "g": uuid.UUID(int=k)})
+            tx.insert(
+                TABLE,
+                {
+                    "id": k,
+                    "a": i,
+                    "b": f"row {k}",
+                    "c": k / 3,
+                    "d": Decimal(k % 100000) / 100,
+                    "e": dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+                    "f": k % 2 == 0,
+                    "g": uuid.UUID(int=k),
+                },
+            )
         records += [r for r in tx.records() if r.topic.endswith(".bench")]
     spark = build_session("bench-decode")
     spark.sparkContext.setLogLevel("WARN")
@@ -79,12 +99,18 @@ def main(n: int) -> None:
         return best
 
     base = timed("scan only (baseline)", lambda: rows)
-    spark_t = timed("from_avro (JVM)", lambda: table_events(
-        with_envelope_from_avro(rows, text), fields, DEFAULT_CONVERSIONS))
-    fast_t = timed("fastavro in mapInArrow", lambda: table_events(
-        with_envelope_fastavro(rows, text), fields, DEFAULT_CONVERSIONS))
-    print(f"events: {len(records)}; from_avro is {fast_t / spark_t:.2f}x the rate of fastavro; "
-          f"baseline/from_avro time {base / spark_t:.2f}, baseline/fastavro {base / fast_t:.2f}")
+    spark_t = timed(
+        "from_avro (JVM)",
+        lambda: table_events(with_envelope_from_avro(rows, text), fields, DEFAULT_CONVERSIONS),
+    )
+    fast_t = timed(
+        "fastavro in mapInArrow",
+        lambda: table_events(with_envelope_fastavro(rows, text), fields, DEFAULT_CONVERSIONS),
+    )
+    print(
+        f"events: {len(records)}; from_avro is {fast_t / spark_t:.2f}x the rate of fastavro; "
+        f"baseline/from_avro time {base / spark_t:.2f}, baseline/fastavro {base / fast_t:.2f}"
+    )
     spark.stop()
 
 

@@ -41,8 +41,9 @@ def load(dsn: str, table: str, rate: float, seconds: float, per_tx: int = 10) ->
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             with conn.transaction():
-                conn.execute(f"INSERT INTO {table} (v) SELECT g FROM generate_series(1, %s) g",
-                             (per_tx,))
+                conn.execute(
+                    f"INSERT INTO {table} (v) SELECT g FROM generate_series(1, %s) g", (per_tx,)
+                )
             n += 1
             lag = t0 + n * interval - time.monotonic()
             if lag > 0:
@@ -64,22 +65,32 @@ def main() -> None:
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     s = f"bench_fresh_{uuid.uuid4().hex[:8]}"
     table = f"{s}.events"
-    sql(dsn, f"CREATE SCHEMA {s}",
-        f"CREATE TABLE {table} (id bigserial PRIMARY KEY, v int, at timestamptz DEFAULT now())")
+    sql(
+        dsn,
+        f"CREATE SCHEMA {s}",
+        f"CREATE TABLE {table} (id bigserial PRIMARY KEY, v int, at timestamptz DEFAULT now())",
+    )
     spark = build_session("bench-consumer-freshness")
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            p = Pipeline(spark, dsn, os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
-                         os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"], Path(tmp), [table],
-                         "benchfresh")
+            p = Pipeline(
+                spark,
+                dsn,
+                os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
+                os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"],
+                Path(tmp),
+                [table],
+                "benchfresh",
+            )
             try:
                 p.start_producer()
                 proc = p.processor(trigger=args.trigger, available_now=False)
                 query = start(spark, proc.config, proc)
                 box: list[int] = []
-                worker = threading.Thread(target=lambda: box.append(
-                    load(dsn, table, args.rate, args.seconds)))
+                worker = threading.Thread(
+                    target=lambda: box.append(load(dsn, table, args.rate, args.seconds))
+                )
                 worker.start()
                 worker.join()
                 p.wait_published()
@@ -91,22 +102,33 @@ def main() -> None:
                         break
                     time.sleep(2)
                 query.stop()
-                progress = (spark.read.format("delta").load(f"{p.lake}/_walbridge/progress")
-                            .select("commit_lsn", F.col("applied_at").cast("double").alias("at"))
-                            .orderBy("commit_lsn").collect())
+                progress = (
+                    spark.read.format("delta")
+                    .load(f"{p.lake}/_walbridge/progress")
+                    .select("commit_lsn", F.col("applied_at").cast("double").alias("at"))
+                    .orderBy("commit_lsn")
+                    .collect()
+                )
                 schema, name = table.split(".")
-                txs = (spark.read.format("delta").load(f"{p.lake}/{schema}/{name}")
-                       .groupBy("_commit_lsn").agg(F.max("_ts_ms").alias("ts")).collect())
+                txs = (
+                    spark.read.format("delta")
+                    .load(f"{p.lake}/{schema}/{name}")
+                    .groupBy("_commit_lsn")
+                    .agg(F.max("_ts_ms").alias("ts"))
+                    .collect()
+                )
                 marks = [(r["commit_lsn"], r["at"]) for r in progress]
                 delays = []
                 for t in txs:
                     visible = next(at for lsn, at in marks if lsn >= t["_commit_lsn"])
                     delays.append(visible - t["ts"] / 1000)
                 seconds = [r.seconds for r in proc.reports if not r.skipped]
-                print(f"{len(txs)} transactions ({len(txs) * 10} changes) at {args.rate:.0f} "
-                      f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
-                      f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
-                      f"batches, median batch {pct(seconds, 50):.1f} s")
+                print(
+                    f"{len(txs)} transactions ({len(txs) * 10} changes) at {args.rate:.0f} "
+                    f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
+                    f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
+                    f"batches, median batch {pct(seconds, 50):.1f} s"
+                )
             finally:
                 p.close()
     finally:

@@ -34,29 +34,47 @@ COLUMNS = ("id", "v", "note")
 
 
 def target(spark: SparkSession, path: str, rows: int) -> None:
-    (spark.range(rows).select(
-        F.col("id"), (F.col("id") % 1000).alias("v"), F.lit("initial row").alias("note"),
-        F.lit(1).cast("long").alias(E.COMMIT_LSN), F.col("id").alias(E.TOTAL_ORDER),
-        F.lit("c").alias(E.OP), F.lit(0).cast("long").alias(E.TS_MS))
-     # ~128k rows per file: a 1M table has 8 files, 10M has 80.
-     .repartitionByRange(max(1, rows // 131_072), "id").sortWithinPartitions("id")
-     .write.format("delta").save(path))
+    (
+        spark.range(rows)
+        .select(
+            F.col("id"),
+            (F.col("id") % 1000).alias("v"),
+            F.lit("initial row").alias("note"),
+            F.lit(1).cast("long").alias(E.COMMIT_LSN),
+            F.col("id").alias(E.TOTAL_ORDER),
+            F.lit("c").alias(E.OP),
+            F.lit(0).cast("long").alias(E.TS_MS),
+        )
+        # ~128k rows per file: a 1M table has 8 files, 10M has 80.
+        .repartitionByRange(max(1, rows // 131_072), "id")
+        .sortWithinPartitions("id")
+        .write.format("delta")
+        .save(path)
+    )
     # The consumer records the key as a table property at creation; do the same.
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-              f"('{merge.KEY_PROPERTY}' = 'id', 'delta.enableDeletionVectors' = 'true')")
+    spark.sql(
+        f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+        f"('{merge.KEY_PROPERTY}' = 'id', 'delta.enableDeletionVectors' = 'true')"
+    )
 
 
 def changes(spark: SparkSession, rows: int, n: int) -> DataFrame:
     """n/2 updates of the most recent keys, n/2 inserts of new keys, one transaction."""
     half = n // 2
-    return spark.range(rows - half, rows + half).select(
-        F.col("id"), (F.col("id") % 7).alias("v"), F.lit("changed").alias("note"),
-        F.lit(2).cast("long").alias(E.COMMIT_LSN), (F.col("id") - rows + half + 1).alias(
-            E.TOTAL_ORDER),
-        F.when(F.col("id") < rows, "u").otherwise("c").alias(E.OP),
-        F.lit(0).cast("long").alias(E.TS_MS),
-        F.array().cast("array<string>").alias(E.TOAST),
-    ).persist()
+    return (
+        spark.range(rows - half, rows + half)
+        .select(
+            F.col("id"),
+            (F.col("id") % 7).alias("v"),
+            F.lit("changed").alias("note"),
+            F.lit(2).cast("long").alias(E.COMMIT_LSN),
+            (F.col("id") - rows + half + 1).alias(E.TOTAL_ORDER),
+            F.when(F.col("id") < rows, "u").otherwise("c").alias(E.OP),
+            F.lit(0).cast("long").alias(E.TS_MS),
+            F.array().cast("array<string>").alias(E.TOAST),
+        )
+        .persist()
+    )
 
 
 def one(spark: SparkSession, tmp: str, rows: int, n: int, use_range: bool) -> float:
@@ -65,9 +83,16 @@ def one(spark: SparkSession, tmp: str, rows: int, n: int, use_range: bool) -> fl
     src = changes(spark, rows, n)
     src.count()
     half = n // 2
-    tc = merge.TableChanges("bench", f"t{rows}", path, ("id",), COLUMNS, src,
-                            key_min=rows - half if use_range else None,
-                            key_max=rows + half - 1 if use_range else None)
+    tc = merge.TableChanges(
+        "bench",
+        f"t{rows}",
+        path,
+        ("id",),
+        COLUMNS,
+        src,
+        key_min=rows - half if use_range else None,
+        key_max=rows + half - 1 if use_range else None,
+    )
     t0 = time.perf_counter()
     merge.apply(spark, tc)
     took = time.perf_counter() - t0
@@ -90,13 +115,17 @@ def main() -> None:
         small, large = args.sizes
         t_small = one(spark, tmp, small, args.changes, True)
         t_large = one(spark, tmp, large, args.changes, True)
-        print(f"MERGE of {args.changes:,} changes with key range: {small:,} rows {t_small:.1f} s, "
-              f"{large:,} rows {t_large:.1f} s; ratio {t_large / t_small:.2f}")
+        print(
+            f"MERGE of {args.changes:,} changes with key range: {small:,} rows {t_small:.1f} s, "
+            f"{large:,} rows {t_large:.1f} s; ratio {t_large / t_small:.2f}"
+        )
         if not args.no_contrast:
             f_small = one(spark, tmp, small, args.changes, False)
             f_large = one(spark, tmp, large, args.changes, False)
-            print(f"same without key range (full scan): {f_small:.1f} s, {f_large:.1f} s; "
-                  f"ratio {f_large / f_small:.2f}")
+            print(
+                f"same without key range (full scan): {f_small:.1f} s, {f_large:.1f} s; "
+                f"ratio {f_large / f_small:.2f}"
+            )
     spark.stop()
 
 

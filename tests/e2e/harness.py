@@ -28,8 +28,9 @@ from tests.support.producer_harness import ProducerProcess, Source, sql
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0,
-             every: float = 1.0) -> None:
+def wait_for(
+    what: str, check: Callable[[], bool], timeout: float = 120.0, every: float = 1.0
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -38,8 +39,16 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0,
 
 
 class Pipeline:
-    def __init__(self, spark: SparkSession, dsn: str, kafka: str, registry: str, tmp: Path,
-                 tables: list[str], name: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        dsn: str,
+        kafka: str,
+        registry: str,
+        tmp: Path,
+        tables: list[str],
+        name: str,
+    ) -> None:
         self.spark = spark
         self.dsn = dsn
         self.kafka = kafka
@@ -65,14 +74,20 @@ class Pipeline:
 
     def config(self, **overrides: Any) -> ConsumerConfig:
         settings: dict[str, Any] = dict(
-            kafka_bootstrap=self.kafka, schema_registry_url=self.registry,
-            topic_prefix=self.prefix, lake_path=self.lake, checkpoint_path=self.checkpoint,
-            trigger=None, available_now=True)
+            kafka_bootstrap=self.kafka,
+            schema_registry_url=self.registry,
+            topic_prefix=self.prefix,
+            lake_path=self.lake,
+            checkpoint_path=self.checkpoint,
+            trigger=None,
+            available_now=True,
+        )
         return ConsumerConfig(**{**settings, **overrides})
 
     def processor(self, **overrides: Any) -> BatchProcessor:
-        return BatchProcessor(self.spark, self.config(**overrides),
-                              WriterSchemas.from_url(self.registry))
+        return BatchProcessor(
+            self.spark, self.config(**overrides), WriterSchemas.from_url(self.registry)
+        )
 
     def consume_available(self, **overrides: Any) -> BatchProcessor:
         proc = self.processor(**overrides)
@@ -80,8 +95,9 @@ class Pipeline:
         return proc
 
     def verify(self) -> list[verify.TableDiff]:
-        return verify.run(VerifyConfig(self.dsn, self.lake, self.source.publication, ()),
-                          self.spark)
+        return verify.run(
+            VerifyConfig(self.dsn, self.lake, self.source.publication, ()), self.spark
+        )
 
     def assert_equal(self) -> None:
         diffs = self.verify()
@@ -100,21 +116,30 @@ class Pipeline:
         return [r.asDict() for r in reader.load(f"{self.lake}/{schema}/{table}").collect()]
 
     def consumer_env(self, **extra: str) -> dict[str, str]:
-        return ({k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")} | {
-            "WALBRIDGE_KAFKA_BOOTSTRAP": self.kafka,
-            "WALBRIDGE_SCHEMA_REGISTRY_URL": self.registry,
-            "WALBRIDGE_TOPIC_PREFIX": self.prefix,
-            "WALBRIDGE_LAKE_PATH": self.lake,
-            "WALBRIDGE_CHECKPOINT_PATH": self.checkpoint,
-            "WALBRIDGE_SPARK_DRIVER_MEMORY": "1g",
-        } | extra)
+        return (
+            {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
+            | {
+                "WALBRIDGE_KAFKA_BOOTSTRAP": self.kafka,
+                "WALBRIDGE_SCHEMA_REGISTRY_URL": self.registry,
+                "WALBRIDGE_TOPIC_PREFIX": self.prefix,
+                "WALBRIDGE_LAKE_PATH": self.lake,
+                "WALBRIDGE_CHECKPOINT_PATH": self.checkpoint,
+                "WALBRIDGE_SPARK_DRIVER_MEMORY": "1g",
+            }
+            | extra
+        )
 
-    def consumer_process(self, *args: str, log_name: str = "consumer",
-                         **extra: str) -> subprocess.Popen[bytes]:
+    def consumer_process(
+        self, *args: str, log_name: str = "consumer", **extra: str
+    ) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{log_name}.log").open("ab")
-        return subprocess.Popen([sys.executable, "-m", "spark_consumer", "run", *args],
-                                cwd=ROOT, env=self.consumer_env(**extra), stdout=log,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "spark_consumer", "run", *args],
+            cwd=ROOT,
+            env=self.consumer_env(**extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
     def log(self, name: str = "consumer") -> str:
         path = self.tmp / f"{name}.log"
@@ -127,8 +152,15 @@ class Pipeline:
 
 
 @contextmanager
-def pipeline(spark: SparkSession, dsn: str, kafka: str, registry: str, tmp: Path,
-             tables: list[str], name: str) -> Iterator[Pipeline]:
+def pipeline(
+    spark: SparkSession,
+    dsn: str,
+    kafka: str,
+    registry: str,
+    tmp: Path,
+    tables: list[str],
+    name: str,
+) -> Iterator[Pipeline]:
     p = Pipeline(spark, dsn, kafka, registry, tmp, tables, name)
     try:
         yield p

@@ -27,28 +27,36 @@ ACCOUNTS = 400
 def balance_sum(path: str, version: int, column: str) -> int:
     # Through delta-rs's query engine: its plain pyarrow reader refuses deletion vectors,
     # which MERGEs into our tables write.
-    table = QueryBuilder().register("t", DeltaTable(path, version=version)).execute(
-        f"SELECT coalesce(sum({column}), 0) AS total FROM t").read_all()
+    table = (
+        QueryBuilder()
+        .register("t", DeltaTable(path, version=version))
+        .execute(f"SELECT coalesce(sum({column}), 0) AS total FROM t")
+        .read_all()
+    )
     return int(table.column("total")[0].as_py())
 
 
 def test_backlog_of_small_transactions_applies_in_capped_batches_keeping_the_invariant(
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
     pg_dsn: str,
     kafka_bootstrap: str,
     registry_url: str,
     tmp_path: Path,
 ) -> None:
     s = f"e2e_tpcb_{uuid.uuid4().hex[:8]}"
-    accounts, tellers, branches, history = (f"{s}.{t}" for t in
-                                            ("accounts", "tellers", "branches", "history"))
+    accounts, tellers, branches, history = (
+        f"{s}.{t}" for t in ("accounts", "tellers", "branches", "history")
+    )
     sql(
         pg_dsn,
         f"CREATE SCHEMA {s}",
         f"CREATE TABLE {accounts} (aid int PRIMARY KEY, balance bigint, filler text)"
         " PARTITION BY RANGE (aid)",
-        *(f"CREATE TABLE {accounts}_{i} PARTITION OF {accounts}"
-          f" FOR VALUES FROM ({(i - 1) * 100 + 1}) TO ({i * 100 + 1})" for i in range(1, 5)),
+        *(
+            f"CREATE TABLE {accounts}_{i} PARTITION OF {accounts}"
+            f" FOR VALUES FROM ({(i - 1) * 100 + 1}) TO ({i * 100 + 1})"
+            for i in range(1, 5)
+        ),
         f"CREATE TABLE {tellers} (tid int PRIMARY KEY, balance bigint)",
         f"CREATE TABLE {branches} (bid int PRIMARY KEY, balance bigint)",
         f"CREATE TABLE {history} (aid int, delta bigint, at timestamptz)",  # no key
@@ -67,8 +75,15 @@ def test_backlog_of_small_transactions_applies_in_capped_batches_keeping_the_inv
         END $$""",
     )
     try:
-        with pipeline(spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path,
-                      [accounts, tellers, branches, history], "e2etpcb") as p:
+        with pipeline(
+            spark,
+            pg_dsn,
+            kafka_bootstrap,
+            registry_url,
+            tmp_path,
+            [accounts, tellers, branches, history],
+            "e2etpcb",
+        ) as p:
             p.sql(
                 f"ALTER PUBLICATION {p.source.publication} SET (publish_via_partition_root = true)"
             )
@@ -88,11 +103,16 @@ def test_backlog_of_small_transactions_applies_in_capped_batches_keeping_the_inv
             rows = p.progress()
             assert len(rows) >= 8, f"expected many capped batches, got {len(rows)}"
             assert sum(r["applied_transactions"] for r in rows) == TRANSACTIONS + 3  # + the loads
-            paths = {t: str(tmp_path / "lake" / s / t.split(".")[1])
-                     for t in (accounts, tellers, branches, history)}
+            paths = {
+                t: str(tmp_path / "lake" / s / t.split(".")[1])
+                for t in (accounts, tellers, branches, history)
+            }
             checked = 0
-            for row in DeltaTable(str(tmp_path / "lake" / "_walbridge" / "progress")
-                                  ).to_pyarrow_table().to_pylist():
+            for row in (
+                DeltaTable(str(tmp_path / "lake" / "_walbridge" / "progress"))
+                .to_pyarrow_table()
+                .to_pylist()
+            ):
                 versions = dict(row["table_versions"])
                 if history not in versions:
                     continue  # nothing applied to every table yet (the first batch may cut)

@@ -29,8 +29,9 @@ OPENING = Decimal("1000.00")
 TOTAL = 2 * ACCOUNTS * OPENING
 
 
-def transfers(dsn: str, checking: str, savings: str, seconds: float, seed: int,
-              done: list[int]) -> None:
+def transfers(
+    dsn: str, checking: str, savings: str, seconds: float, seed: int, done: list[int]
+) -> None:
     """Each transaction moves an amount between a checking and a savings account (either
     way). Checking is always updated first, so concurrent transfers cannot deadlock."""
     rnd = random.Random(seed)
@@ -41,25 +42,37 @@ def transfers(dsn: str, checking: str, savings: str, seconds: float, seed: int,
         while not stop.is_set():
             amount = Decimal(rnd.randint(-5000, 5000)) / 100
             with conn.transaction():
-                conn.execute(f"UPDATE {checking} SET balance = balance - %s WHERE id = %s",
-                             (amount, rnd.randrange(ACCOUNTS)))
-                conn.execute(f"UPDATE {savings} SET balance = balance + %s WHERE id = %s",
-                             (amount, rnd.randrange(ACCOUNTS)))
+                conn.execute(
+                    f"UPDATE {checking} SET balance = balance - %s WHERE id = %s",
+                    (amount, rnd.randrange(ACCOUNTS)),
+                )
+                conn.execute(
+                    f"UPDATE {savings} SET balance = balance + %s WHERE id = %s",
+                    (amount, rnd.randrange(ACCOUNTS)),
+                )
             done.append(1)
             time.sleep(0.05)  # ~20 transfers/s per worker: the stream spans several batches
 
 
 def test_total_balance_constant_in_every_progress_state(
-        spark: SparkSession, pg_dsn: str, kafka_bootstrap: str,  # noqa: F811
-        registry_url: str, tmp_path: Path) -> None:
+    spark: SparkSession,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
     s = f"e2e_bank_{uuid.uuid4().hex[:8]}"
     checking, savings = f"{s}.checking", f"{s}.savings"
-    sql(pg_dsn, f"CREATE SCHEMA {s}",
+    sql(
+        pg_dsn,
+        f"CREATE SCHEMA {s}",
         f"CREATE TABLE {checking} (id int PRIMARY KEY, balance numeric(12,2) NOT NULL)",
-        f"CREATE TABLE {savings} (id int PRIMARY KEY, balance numeric(12,2) NOT NULL)")
+        f"CREATE TABLE {savings} (id int PRIMARY KEY, balance numeric(12,2) NOT NULL)",
+    )
     try:
-        with pipeline(spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path,
-                      [checking, savings], "e2ebank") as p:
+        with pipeline(
+            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [checking, savings], "e2ebank"
+        ) as p:
             p.start_producer()
             # Opening balances in one transaction: before it every table is empty (total 0).
             p.sql(f"""BEGIN;
@@ -68,21 +81,29 @@ def test_total_balance_constant_in_every_progress_state(
                 COMMIT""")
             # A small offset budget cuts transactions across batches on purpose: partial
             # transactions must wait in the pending table, never show in the lake.
-            proc = p.processor(trigger="1 seconds", available_now=False,
-                               max_offsets_per_trigger=1000)
+            proc = p.processor(
+                trigger="1 seconds", available_now=False, max_offsets_per_trigger=1000
+            )
             query = start(spark, proc.config, proc)
             try:
                 done: list[int] = []
-                workers = [threading.Thread(target=transfers, args=(
-                    pg_dsn, checking, savings, 30.0, seed, done)) for seed in (1, 2)]
+                workers = [
+                    threading.Thread(
+                        target=transfers, args=(pg_dsn, checking, savings, 30.0, seed, done)
+                    )
+                    for seed in (1, 2)
+                ]
                 for w in workers:
                     w.start()
                 for w in workers:
                     w.join()
                 p.wait_published()
-                wait_for("the lake to equal PostgreSQL",
-                         lambda: query.exception() is None and all(d.equal for d in p.verify()),
-                         timeout=400, every=5)
+                wait_for(
+                    "the lake to equal PostgreSQL",
+                    lambda: query.exception() is None and all(d.equal for d in p.verify()),
+                    timeout=400,
+                    every=5,
+                )
             finally:
                 query.stop()
             assert query.exception() is None
@@ -102,9 +123,11 @@ def test_total_balance_constant_in_every_progress_state(
                     if t not in r["table_versions"]:
                         continue
                     schema, name = t.split(".")
-                    df = (spark.read.format("delta")
-                          .option("versionAsOf", r["table_versions"][t])
-                          .load(f"{p.lake}/{schema}/{name}"))
+                    df = (
+                        spark.read.format("delta")
+                        .option("versionAsOf", r["table_versions"][t])
+                        .load(f"{p.lake}/{schema}/{name}")
+                    )
                     row = df.agg(F.sum("balance")).first()
                     assert row is not None
                     total += row[0] or Decimal(0)

@@ -29,31 +29,45 @@ def churn(dsn: str, table: str, count: int) -> None:
         for i in range(count):
             k = i % 50
             with conn.transaction():
-                conn.execute(f"INSERT INTO {table} VALUES (%s, %s, 'n') ON CONFLICT (id) "
-                             "DO UPDATE SET v = excluded.v, note = 'u'", (k, i))
+                conn.execute(
+                    f"INSERT INTO {table} VALUES (%s, %s, 'n') ON CONFLICT (id) "
+                    "DO UPDATE SET v = excluded.v, note = 'u'",
+                    (k, i),
+                )
                 if i % 7 == 0:
                     conn.execute(f"DELETE FROM {table} WHERE id = %s", ((k + 25) % 50,))
             time.sleep(0.05)
 
 
 def test_killed_job_converges_and_replay_is_a_no_op(
-        spark: SparkSession, pg_dsn: str, kafka_bootstrap: str,  # noqa: F811
-        registry_url: str, tmp_path: Path) -> None:
+    spark: SparkSession,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
     s = f"e2e_crash_{uuid.uuid4().hex[:8]}"
     table = f"{s}.t"
-    sql(pg_dsn, f"CREATE SCHEMA {s}",
-        f"CREATE TABLE {table} (id int PRIMARY KEY, v int, note text)")
+    sql(
+        pg_dsn, f"CREATE SCHEMA {s}", f"CREATE TABLE {table} (id int PRIMARY KEY, v int, note text)"
+    )
     try:
-        with pipeline(spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table],
-                      "e2ecrash") as p:
+        with pipeline(
+            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table], "e2ecrash"
+        ) as p:
             p.start_producer()
             worker = threading.Thread(target=churn, args=(pg_dsn, table, 600))
             worker.start()
             job = p.consumer_process("--trigger", "1 seconds", log_name="run1")
             try:
-                wait_for("two applied batches",
-                         lambda: len(re.findall(r"batch \d+: applied [1-9]", p.log("run1"))) >= 2
-                         or job.poll() is not None, timeout=300)
+                wait_for(
+                    "two applied batches",
+                    lambda: (
+                        len(re.findall(r"batch \d+: applied [1-9]", p.log("run1"))) >= 2
+                        or job.poll() is not None
+                    ),
+                    timeout=300,
+                )
                 assert job.poll() is None, p.log("run1")
                 # Batches take seconds here; shortly after one ends the next is under way.
                 time.sleep(1.5)
@@ -85,14 +99,19 @@ def test_killed_job_converges_and_replay_is_a_no_op(
 
 
 def test_poison_record_stops_then_quarantine_lets_it_pass(
-        spark: SparkSession, pg_dsn: str, kafka_bootstrap: str,  # noqa: F811
-        registry_url: str, tmp_path: Path) -> None:
+    spark: SparkSession,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
     s = f"e2e_poison_{uuid.uuid4().hex[:8]}"
     table = f"{s}.t"
     sql(pg_dsn, f"CREATE SCHEMA {s}", f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
     try:
-        with pipeline(spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table],
-                      "e2epoison") as p:
+        with pipeline(
+            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table], "e2epoison"
+        ) as p:
             p.start_producer()
             p.sql(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')")
             p.wait_published()
@@ -100,13 +119,18 @@ def test_poison_record_stops_then_quarantine_lets_it_pass(
             producer = Producer({"bootstrap.servers": kafka_bootstrap})
             producer.produce(topic, value=b"not avro", partition=1)
             assert producer.flush(30) == 0
-            p.sql(f"UPDATE {table} SET v = 'b2' WHERE id = 2", f"INSERT INTO {table} VALUES (3, 'c')")
+            p.sql(
+                f"UPDATE {table} SET v = 'b2' WHERE id = 2", f"INSERT INTO {table} VALUES (3, 'c')"
+            )
             p.wait_published()
 
             job = p.consumer_process("--available-now", log_name="stop")
             assert job.wait(600) == 1, p.log("stop")
-            assert re.search(rf"value is not Confluent-framed Avro \(topic '{re.escape(topic)}', "
-                             r"partition 1, offset \d+\)", p.log("stop")), p.log("stop")
+            assert re.search(
+                rf"value is not Confluent-framed Avro \(topic '{re.escape(topic)}', "
+                r"partition 1, offset \d+\)",
+                p.log("stop"),
+            ), p.log("stop")
             assert not Path(p.lake, s, "t").exists()  # nothing half-applied
 
             quarantine = str(tmp_path / "quarantine")
@@ -114,6 +138,7 @@ def test_poison_record_stops_then_quarantine_lets_it_pass(
             p.assert_equal()
             q = spark.read.format("delta").load(quarantine).collect()
             assert [(r["topic"], r["partition"], r["value"]) for r in q] == [
-                (topic, 1, b"not avro")]
+                (topic, 1, b"not avro")
+            ]
     finally:
         sql(pg_dsn, f"DROP SCHEMA {s} CASCADE")

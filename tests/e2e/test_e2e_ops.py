@@ -19,14 +19,20 @@ pytestmark = pytest.mark.e2e
 BIG = "(SELECT string_agg(md5(i::text), '') FROM generate_series(1, 2000) i)"  # 64 kB, TOASTed
 
 
-def test_each_operation_ends_equal(spark: SparkSession, pg_dsn: str,  # noqa: F811
-                                   kafka_bootstrap: str, registry_url: str,
-                                   tmp_path: Path) -> None:
+def test_each_operation_ends_equal(
+    spark: SparkSession,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
     s = f"e2e_ops_{uuid.uuid4().hex[:8]}"
     items, trunc, log, full = f"{s}.items", f"{s}.trunc", f"{s}.log", f"{s}.full_ri"
     from tests.support.producer_harness import sql
 
-    sql(pg_dsn, f"CREATE SCHEMA {s}",
+    sql(
+        pg_dsn,
+        f"CREATE SCHEMA {s}",
         f"CREATE TYPE {s}.mood AS ENUM ('sad', 'ok', 'happy')",
         f"""CREATE TABLE {items} (
             id int PRIMARY KEY, name text, doc text, price numeric(10,2), qty int4,
@@ -36,10 +42,18 @@ def test_each_operation_ends_equal(spark: SparkSession, pg_dsn: str,  # noqa: F8
         f"CREATE TABLE {trunc} (id bigint PRIMARY KEY, v text)",
         f"CREATE TABLE {log} (msg text, at timestamptz)",
         f"CREATE TABLE {full} (id int PRIMARY KEY, v text)",
-        f"ALTER TABLE {full} REPLICA IDENTITY FULL")
+        f"ALTER TABLE {full} REPLICA IDENTITY FULL",
+    )
     try:
-        with pipeline(spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path,
-                      [items, trunc, log, full], "e2eops") as p:
+        with pipeline(
+            spark,
+            pg_dsn,
+            kafka_bootstrap,
+            registry_url,
+            tmp_path,
+            [items, trunc, log, full],
+            "e2eops",
+        ) as p:
             p.start_producer()
             p.sql(
                 f"""INSERT INTO {items} VALUES

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_partitioned_parents_are_one_topic_and_one_lake_table(
-    spark: SparkSession,  # noqa: F811
+    spark: SparkSession,
     pg_dsn: str,
     kafka_bootstrap: str,
     registry_url: str,
@@ -77,8 +77,9 @@ def test_partitioned_parents_are_one_topic_and_one_lake_table(
             p.wait_published()
 
             prefix = p.prefix
-            topics = set(AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(
-                timeout=30).topics)
+            topics = set(
+                AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=30).topics
+            )
             ours = {t for t in topics if t.startswith(f"{prefix}.{s}.")}
             assert ours == {f"{prefix}.{ranged}", f"{prefix}.{hashed}"}  # no leaf topics
 

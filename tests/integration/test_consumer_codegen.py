@@ -33,18 +33,25 @@ def generated_code(df: DataFrame) -> str:
     jvm = df.sparkSession._jvm
     assert jvm is not None
     text = jvm.org.apache.spark.sql.execution.debug.package.codegenString(
-        df._jdf.queryExecution().executedPlan())
+        df._jdf.queryExecution().executedPlan()
+    )
     return "\n".join(line for line in text.splitlines() if line.startswith("/* "))
 
 
-@pytest.mark.parametrize("name, ours, plain", [
-    ("greater", batch_values.greater, lambda c, v: c > F.lit(v)),
-    ("at_most", batch_values.at_most, lambda c, v: c <= F.lit(v)),
-    ("or_value", batch_values.or_value, lambda c, v: F.coalesce(c, F.lit(v))),
-])
+@pytest.mark.parametrize(
+    "name, ours, plain",
+    [
+        ("greater", batch_values.greater, lambda c, v: c > F.lit(v)),
+        ("at_most", batch_values.at_most, lambda c, v: c <= F.lit(v)),
+        ("or_value", batch_values.or_value, lambda c, v: F.coalesce(c, F.lit(v))),
+    ],
+)
 def test_batch_values_equal_the_plain_expressions_with_one_code(
-        spark: SparkSession, name: str,  # noqa: F811
-        ours: Callable[[Column, int], Column], plain: Callable[[Column, int], Column]) -> None:
+    spark: SparkSession,
+    name: str,
+    ours: Callable[[Column, int], Column],
+    plain: Callable[[Column, int], Column],
+) -> None:
     values = [None, -1, 0, LOW - 1, LOW, LOW + 1, HIGH, 2**63 - 1]
     df = spark.createDataFrame([(v,) for v in values], "lsn long").persist()
     codes = []
@@ -59,23 +66,39 @@ def test_batch_values_equal_the_plain_expressions_with_one_code(
     df.unpersist()
 
 
-TABLE = TableSpec("public", "items", (ColumnSpec("id", "long", "int8"),
-                                      ColumnSpec("price", {"type": "bytes", "logicalType": "decimal",
-                                                           "precision": 12, "scale": 2},
-                                                 "numeric(12,2)")), ("id",))
+TABLE = TableSpec(
+    "public",
+    "items",
+    (
+        ColumnSpec("id", "long", "int8"),
+        ColumnSpec(
+            "price",
+            {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
+            "numeric(12,2)",
+        ),
+    ),
+    ("id",),
+)
 
 
 def test_consecutive_batches_compile_no_new_code_for_their_rows(
-        spark: SparkSession, tmp_path: Path) -> None:  # noqa: F811
+    spark: SparkSession, tmp_path: Path
+) -> None:
     """Batches of one shape with new LSNs and a new clock each: after the first, a batch compiles
     only the one-row query of its progress row (two classes), which carries its values as
     literals; no stage that reads its records. (With the clock as a literal in the framing
     stage it was 4, with the LSN bounds as literals in the changes' filter 5.)"""
     client = registry_client("mock://codegen")
     writer = EventWriter(client, "cg")
-    cfg = ConsumerConfig(kafka_bootstrap="-", schema_registry_url="mock://codegen",
-                         topic_prefix="cg", lake_path=str(tmp_path / "lake"),
-                         checkpoint_path=str(tmp_path / "cp"), trigger=None, available_now=True)
+    cfg = ConsumerConfig(
+        kafka_bootstrap="-",
+        schema_registry_url="mock://codegen",
+        topic_prefix="cg",
+        lake_path=str(tmp_path / "lake"),
+        checkpoint_path=str(tmp_path / "cp"),
+        trigger=None,
+        available_now=True,
+    )
     clock = iter(range(1_700_000_000_000, 1_800_000_000_000, 7_777))
     processor = BatchProcessor(spark, cfg, WriterSchemas(client), clock_ms=lambda: next(clock))
     log = KafkaLog()

@@ -36,12 +36,23 @@ from tests.support.spark import KafkaLog, spark  # noqa: F401
 pytestmark = pytest.mark.integration
 
 DEC = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
-ACC = TableSpec("public", "accounts", (ColumnSpec("id", "long", "int8"),
-                                       ColumnSpec("balance", DEC, "numeric(12,2)"),
-                                       ColumnSpec("doc", "string", "text")), ("id",))
+ACC = TableSpec(
+    "public",
+    "accounts",
+    (
+        ColumnSpec("id", "long", "int8"),
+        ColumnSpec("balance", DEC, "numeric(12,2)"),
+        ColumnSpec("doc", "string", "text"),
+    ),
+    ("id",),
+)
 # REPLICA IDENTITY FULL without a primary key: the key is every column and may repeat.
-PAIRS = TableSpec("public", "pairs", (ColumnSpec("a", "long", "int8"),
-                                      ColumnSpec("b", "string", "text")), ("a", "b"))
+PAIRS = TableSpec(
+    "public",
+    "pairs",
+    (ColumnSpec("a", "long", "int8"), ColumnSpec("b", "string", "text")),
+    ("a", "b"),
+)
 
 
 def row(i: int, doc: str = "d") -> dict[str, object]:
@@ -57,12 +68,15 @@ def batches(writer: EventWriter) -> list[list[KafkaRecord]]:
     t2 = w.transaction(2, 200).insert(ACC, row(6)).insert(ACC, row(7))
     # Batch 2 (fast form for accounts): t2, plus t1's records again (a producer replay of
     # already-applied events: filtered by the watermark).
-    t3 = (w.transaction(3, 300)
-          .insert(ACC, row(8))
-          .update(ACC, {"id": 1, "balance": Decimal("9.00"), "doc": None}, unchanged_toast=["doc"])
-          .update(ACC, row(2, "u"))
-          .delete(ACC, {"id": 3}).insert(ACC, row(30))  # key change 3 -> 30
-          .insert(PAIRS, {"a": 2, "b": "y"}))
+    t3 = (
+        w.transaction(3, 300)
+        .insert(ACC, row(8))
+        .update(ACC, {"id": 1, "balance": Decimal("9.00"), "doc": None}, unchanged_toast=["doc"])
+        .update(ACC, row(2, "u"))
+        .delete(ACC, {"id": 3})
+        .insert(ACC, row(30))  # key change 3 -> 30
+        .insert(PAIRS, {"a": 2, "b": "y"})
+    )
     t4 = w.transaction(4, 400).truncate(ACC).insert(ACC, row(40)).insert(ACC, row(2, "again"))
     t5 = w.transaction(5, 500).insert(ACC, row(50)).insert(ACC, row(51))
     t6 = w.transaction(6, 600).insert(ACC, row(60)).insert(PAIRS, {"a": 1, "b": "x"})
@@ -83,7 +97,7 @@ class Consumer:
     lake: str
     writer: EventWriter  # registers in the consumer's (in-process mock) registry
 
-    def tables(self, spark: SparkSession) -> dict[str, list[tuple[object, ...]]]:  # noqa: F811
+    def tables(self, spark: SparkSession) -> dict[str, list[tuple[object, ...]]]:
         out = {}
         for spec in (ACC, PAIRS):
             df = spark.read.format("delta").load(f"{self.lake}/{spec.schema}/{spec.table}")
@@ -92,21 +106,33 @@ class Consumer:
 
 
 @pytest.fixture()
-def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, Consumer]]:  # noqa: F811
+def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, Consumer]]:
     client = registry_client("mock://insert-only")
     made = []
     for name in ("fast", "careful"):
-        cfg = ConsumerConfig(kafka_bootstrap="-", schema_registry_url="mock://insert-only",
-                             topic_prefix="io", lake_path=str(tmp_path / name / "lake"),
-                             checkpoint_path=str(tmp_path / name / "cp"), trigger=None,
-                             available_now=True, merge_threads=1)  # tables in a known order
-        made.append(Consumer(BatchProcessor(spark, cfg, WriterSchemas(client)), cfg.lake_path,
-                             EventWriter(client, "io")))
+        cfg = ConsumerConfig(
+            kafka_bootstrap="-",
+            schema_registry_url="mock://insert-only",
+            topic_prefix="io",
+            lake_path=str(tmp_path / name / "lake"),
+            checkpoint_path=str(tmp_path / name / "cp"),
+            trigger=None,
+            available_now=True,
+            merge_threads=1,
+        )  # tables in a known order
+        made.append(
+            Consumer(
+                BatchProcessor(spark, cfg, WriterSchemas(client)),
+                cfg.lake_path,
+                EventWriter(client, "io"),
+            )
+        )
     yield made[0], made[1]
 
 
 def crash_before_progress(processor: BatchProcessor, frame: DataFrame, batch_id: int) -> None:
     """Run a batch as a job killed after its table commits, before its progress row."""
+
     def crash(*args: object) -> None:
         raise RuntimeError("crash before the progress row")
 
@@ -127,8 +153,10 @@ def careful_only(m: pytest.MonkeyPatch) -> None:
 
 
 def test_insert_only_form_gives_the_careful_lake(
-        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    spark: SparkSession,
+    consumers: tuple[Consumer, Consumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     fast, careful = consumers
     log = KafkaLog()
     frames = [log.frame(spark, recs) for recs in batches(fast.writer)]
@@ -149,25 +177,35 @@ def test_insert_only_form_gives_the_careful_lake(
             careful.processor.process(frame, batch_id)
     assert fast.tables(spark) == careful.tables(spark)
     # The fast form ran where it may and nowhere else.
-    assert taken == [("accounts", True), ("pairs", False),  # t1 (pairs: key of every column)
-                     ("accounts", True),                    # t2
-                     ("accounts", False), ("pairs", False),  # t3: update, delete, TOAST
-                     ("accounts", False),                   # t4: truncate
-                     ("accounts", False),                   # t5: an insert came twice
-                     ("accounts", True), ("pairs", False)]  # t6
+    assert taken == [
+        ("accounts", True),
+        ("pairs", False),  # t1 (pairs: key of every column)
+        ("accounts", True),  # t2
+        ("accounts", False),
+        ("pairs", False),  # t3: update, delete, TOAST
+        ("accounts", False),  # t4: truncate
+        ("accounts", False),  # t5: an insert came twice
+        ("accounts", True),
+        ("pairs", False),
+    ]  # t6
     acc = {r[0]: r for r in fast.tables(spark)["accounts"]}
     assert sorted(acc) == [2, 40, 50, 51, 60]
     assert [r[:2] for r in fast.tables(spark)["pairs"]] == [(1, "x"), (2, "y")]
 
 
 def test_replay_after_a_crash_between_two_tables_changes_nothing(
-        spark: SparkSession, consumers: tuple[Consumer, Consumer]) -> None:  # noqa: F811
+    spark: SparkSession, consumers: tuple[Consumer, Consumer]
+) -> None:
     fast, _ = consumers
     log = KafkaLog()
     w = fast.writer
     first = w.transaction(1, 100).insert(ACC, row(1)).insert(PAIRS, {"a": 1, "b": "x"})
-    second = (w.transaction(2, 200).insert(ACC, row(2)).insert(ACC, row(3))
-              .insert(PAIRS, {"a": 2, "b": "y"}))
+    second = (
+        w.transaction(2, 200)
+        .insert(ACC, row(2))
+        .insert(ACC, row(3))
+        .insert(PAIRS, {"a": 2, "b": "y"})
+    )
     fast.processor.process(log.frame(spark, first.records()), 0)
     frame = log.frame(spark, second.records())
     crash_before_progress(fast.processor, frame, 1)
@@ -185,10 +223,16 @@ def new_key_batches(writer: EventWriter) -> list[list[KafkaRecord]]:
         t1.insert(ACC, row(i))
     t1.insert(PAIRS, {"a": 1, "b": "x"})
     # Every key starts with an insert: updated, deleted, or changed to another new key after.
-    t2 = (w.transaction(2, 200).insert(ACC, row(6)).insert(ACC, row(7)).insert(ACC, row(10)))
-    t3 = (w.transaction(3, 300).update(ACC, row(6, "u")).delete(ACC, {"id": 7})
-          .delete(ACC, {"id": 10}).insert(ACC, row(11)).update(ACC, row(11, "moved"))
-          .insert(PAIRS, {"a": 2, "b": "y"}))
+    t2 = w.transaction(2, 200).insert(ACC, row(6)).insert(ACC, row(7)).insert(ACC, row(10))
+    t3 = (
+        w.transaction(3, 300)
+        .update(ACC, row(6, "u"))
+        .delete(ACC, {"id": 7})
+        .delete(ACC, {"id": 10})
+        .insert(ACC, row(11))
+        .update(ACC, row(11, "moved"))
+        .insert(PAIRS, {"a": 2, "b": "y"})
+    )
     # A key of the lake (1) is updated: not every key is new.
     t4 = w.transaction(4, 400).insert(ACC, row(12)).update(ACC, row(1, "old key"))
     # Key 2 is deleted and inserted again: its first change is a delete.
@@ -197,13 +241,21 @@ def new_key_batches(writer: EventWriter) -> list[list[KafkaRecord]]:
     t6 = w.transaction(6, 600).insert(ACC, row(13)).update(ACC, row(13, "twice"))
     t7 = w.transaction(7, 700).insert(ACC, row(14)).delete(ACC, {"id": 14})
     r6 = t6.records()
-    return [t1.records(), t2.records() + t3.records(), t4.records(), t5.records(), r6 + r6,
-            t7.records()]
+    return [
+        t1.records(),
+        t2.records() + t3.records(),
+        t4.records(),
+        t5.records(),
+        r6 + r6,
+        t7.records(),
+    ]
 
 
 def test_new_keys_append_gives_the_careful_lake(
-        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    spark: SparkSession,
+    consumers: tuple[Consumer, Consumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     fast, careful = consumers
     spark.catalog.clearCache()  # other tests' caches, if any: the end checks this test's own
     log = KafkaLog()
@@ -232,14 +284,21 @@ def test_new_keys_append_gives_the_careful_lake(
     acc = {r[0]: r for r in fast.tables(spark)["accounts"]}
     assert sorted(acc) == [1, 2, 3, 4, 5, 6, 11, 12, 13]
     assert (acc[6][2], acc[11][2], acc[1][2], acc[2][2], acc[13][2]) == (
-        "u", "moved", "old key", "again", "twice")
+        "u",
+        "moved",
+        "old key",
+        "again",
+        "twice",
+    )
     # Each batch dropped every cache it made, the collapsed MERGE sources included.
     assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
 
 
 def test_replay_of_an_appended_batch_takes_the_guarded_merge(
-        spark: SparkSession, consumers: tuple[Consumer, Consumer],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    spark: SparkSession,
+    consumers: tuple[Consumer, Consumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     fast, _ = consumers
     log = KafkaLog()
     w = fast.writer

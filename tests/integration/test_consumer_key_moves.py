@@ -16,7 +16,7 @@ LAKE = (
 )
 
 
-def test_values_come_from_the_old_key_in_the_batch_or_the_lake(spark: SparkSession) -> None:  # noqa: F811
+def test_values_come_from_the_old_key_in_the_batch_or_the_lake(spark: SparkSession) -> None:
     lake = spark.createDataFrame([(1, 0, "L1", 5, 1, "c", 0), (7, 0, "L7", 5, 2, "c", 0)], LAKE)
     changes = spark.createDataFrame(
         [
@@ -49,7 +49,7 @@ def test_values_come_from_the_old_key_in_the_batch_or_the_lake(spark: SparkSessi
     assert out.count() == changes.count()
 
 
-def test_without_moved_columns_nothing_changes(spark: SparkSession) -> None:  # noqa: F811
+def test_without_moved_columns_nothing_changes(spark: SparkSession) -> None:
     changes = spark.createDataFrame([(1, 1, None, 1, 1, "u", 0, ["big"], None)], CHANGES).drop(
         "_from_id"
     )

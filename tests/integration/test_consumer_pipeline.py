@@ -36,17 +36,32 @@ DEC = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
 
 
 def accounts(extra: tuple[ColumnSpec, ...] = ()) -> TableSpec:
-    return TableSpec("public", "accounts", (ColumnSpec("id", "long", "int8"),
-                                            ColumnSpec("balance", DEC, "numeric(12,2)"),
-                                            ColumnSpec("doc", "string", "text"), *extra), ("id",))
+    return TableSpec(
+        "public",
+        "accounts",
+        (
+            ColumnSpec("id", "long", "int8"),
+            ColumnSpec("balance", DEC, "numeric(12,2)"),
+            ColumnSpec("doc", "string", "text"),
+            *extra,
+        ),
+        ("id",),
+    )
 
 
 AUDIT = TableSpec("bank", "audit", (ColumnSpec("msg", "string", "text"),), ())
 
 
 class Harness:
-    def __init__(self, spark: SparkSession, kafka: str, registry: str, tmp: Path,  # noqa: F811
-                 quarantine: bool = False, decoder: Decoder = Decoder.FROM_AVRO) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        kafka: str,
+        registry: str,
+        tmp: Path,
+        quarantine: bool = False,
+        decoder: Decoder = Decoder.FROM_AVRO,
+    ) -> None:
         self.spark = spark
         self.kafka = kafka
         self.prefix = f"t{uuid.uuid4().hex[:8]}"
@@ -55,14 +70,21 @@ class Harness:
         admin = AdminClient({"bootstrap.servers": kafka})
         # The transaction topic must have one partition; data topics get three.
         topics = [NewTopic(f"{self.prefix}.transaction", 1, 1)] + [
-            NewTopic(t.topic(self.prefix), 3, 1) for t in (accounts(), AUDIT)]
+            NewTopic(t.topic(self.prefix), 3, 1) for t in (accounts(), AUDIT)
+        ]
         for f in admin.create_topics(topics).values():
             f.result(30)
         self.config = ConsumerConfig(
-            kafka_bootstrap=kafka, schema_registry_url=registry, topic_prefix=self.prefix,
-            lake_path=self.lake, checkpoint_path=str(tmp / "checkpoint"), trigger=None,
-            available_now=True, quarantine_path=str(tmp / "quarantine") if quarantine else None,
-            decoder=decoder)
+            kafka_bootstrap=kafka,
+            schema_registry_url=registry,
+            topic_prefix=self.prefix,
+            lake_path=self.lake,
+            checkpoint_path=str(tmp / "checkpoint"),
+            trigger=None,
+            available_now=True,
+            quarantine_path=str(tmp / "quarantine") if quarantine else None,
+            decoder=decoder,
+        )
         self.processor = BatchProcessor(spark, self.config, WriterSchemas.from_url(registry))
 
     def send(self, records: list[KafkaRecord], partition: int | None = None) -> None:
@@ -82,30 +104,56 @@ class Harness:
 
 
 @pytest.fixture()
-def harness(spark: SparkSession, kafka_bootstrap: str, registry_url: str,  # noqa: F811
-            tmp_path: Path) -> Iterator[Harness]:
+def harness(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> Iterator[Harness]:
     yield Harness(spark, kafka_bootstrap, registry_url, tmp_path)
 
 
 def test_whole_transactions_in_commit_order(harness: Harness) -> None:
     acc, w = accounts(), harness.writer
-    t1 = (w.transaction(501, 1000).insert(acc, {"id": 1, "balance": Decimal("10.00"), "doc": "A" * 5000})
-          .insert(acc, {"id": 2, "balance": Decimal("5.00"), "doc": "b"})
-          .insert(AUDIT, {"msg": "opened"}))
-    t2 = (w.transaction(502, 2000)
-          .update(acc, {"id": 1, "balance": Decimal("7.00"), "doc": None}, unchanged_toast=["doc"])
-          .update(acc, {"id": 2, "balance": Decimal("8.00"), "doc": "b"}))
-    t3 = (w.transaction(503, 3000).delete(acc, {"id": 2})
-          .insert(acc, {"id": 20, "balance": Decimal("8.00"), "doc": "b"}))  # key change 2 -> 20
+    t1 = (
+        w.transaction(501, 1000)
+        .insert(acc, {"id": 1, "balance": Decimal("10.00"), "doc": "A" * 5000})
+        .insert(acc, {"id": 2, "balance": Decimal("5.00"), "doc": "b"})
+        .insert(AUDIT, {"msg": "opened"})
+    )
+    t2 = (
+        w.transaction(502, 2000)
+        .update(acc, {"id": 1, "balance": Decimal("7.00"), "doc": None}, unchanged_toast=["doc"])
+        .update(acc, {"id": 2, "balance": Decimal("8.00"), "doc": "b"})
+    )
+    t3 = (
+        w.transaction(503, 3000)
+        .delete(acc, {"id": 2})
+        .insert(acc, {"id": 20, "balance": Decimal("8.00"), "doc": "b"})
+    )  # key change 2 -> 20
     r2 = t2.records()
     # Batch 1: t1 whole, t2's END but one of its two events missing, t3 whole.
     harness.send(t1.records() + r2[:2] + [r2[-1]] + t3.records())
     harness.run()
     assert harness.rows("public", "accounts") == [
-        {"id": 1, "balance": Decimal("10.00"), "doc": "A" * 5000, "_commit_lsn": 1000,
-         "_total_order": 1, "_op": "c", "_ts_ms": 1_700_000_000_000},
-        {"id": 2, "balance": Decimal("5.00"), "doc": "b", "_commit_lsn": 1000,
-         "_total_order": 2, "_op": "c", "_ts_ms": 1_700_000_000_000},
+        {
+            "id": 1,
+            "balance": Decimal("10.00"),
+            "doc": "A" * 5000,
+            "_commit_lsn": 1000,
+            "_total_order": 1,
+            "_op": "c",
+            "_ts_ms": 1_700_000_000_000,
+        },
+        {
+            "id": 2,
+            "balance": Decimal("5.00"),
+            "doc": "b",
+            "_commit_lsn": 1000,
+            "_total_order": 2,
+            "_op": "c",
+            "_ts_ms": 1_700_000_000_000,
+        },
     ]
     first = harness.progress()[-1]
     assert first["commit_lsn"] == 1000 and first["pending_transactions"] == 2
@@ -114,8 +162,10 @@ def test_whole_transactions_in_commit_order(harness: Harness) -> None:
     # Batch 2: the missing event arrives (on another partition): t2 and t3 apply.
     harness.send([r2[2]], partition=2)
     harness.run()
-    got = {r["id"]: (r["balance"], r["doc"], r["_commit_lsn"]) for r in
-           harness.rows("public", "accounts")}
+    got = {
+        r["id"]: (r["balance"], r["doc"], r["_commit_lsn"])
+        for r in harness.rows("public", "accounts")
+    }
     assert got == {1: (Decimal("7.00"), "A" * 5000, 2000), 20: (Decimal("8.00"), "b", 3000)}
     last = harness.progress()[-1]
     assert last["commit_lsn"] == 3000 and last["pending_transactions"] == 0
@@ -123,16 +173,20 @@ def test_whole_transactions_in_commit_order(harness: Harness) -> None:
     assert set(versions) == {"public.accounts", "bank.audit"}
 
     # A reader at the earlier progress row sees the earlier state of every table.
-    old = harness.spark.read.format("delta").option(
-        "versionAsOf", first["table_versions"]["public.accounts"]).load(
-        f"{harness.lake}/public/accounts")
+    old = (
+        harness.spark.read.format("delta")
+        .option("versionAsOf", first["table_versions"]["public.accounts"])
+        .load(f"{harness.lake}/public/accounts")
+    )
     assert sorted(r["id"] for r in old.collect()) == [1, 2]
 
     # Replay: the producer re-sends t2 and t3 after a crash; nothing changes.
     harness.send(t2.records() + t3.records())
     harness.run()
-    assert {r["id"]: (r["balance"], r["doc"], r["_commit_lsn"]) for r in
-            harness.rows("public", "accounts")} == got
+    assert {
+        r["id"]: (r["balance"], r["doc"], r["_commit_lsn"])
+        for r in harness.rows("public", "accounts")
+    } == got
 
 
 def test_truncate_and_schema_evolution(harness: Harness) -> None:
@@ -140,8 +194,11 @@ def test_truncate_and_schema_evolution(harness: Harness) -> None:
     v1 = accounts()
     v2 = accounts((ColumnSpec("note", "string", "text"),))
     t1 = w.transaction(1, 100).insert(v1, {"id": 1, "balance": Decimal("1.00"), "doc": "x"})
-    t2 = (w.transaction(2, 200).truncate(v1)
-          .insert(v2, {"id": 2, "balance": Decimal("2.00"), "doc": "y", "note": "new col"}))
+    t2 = (
+        w.transaction(2, 200)
+        .truncate(v1)
+        .insert(v2, {"id": 2, "balance": Decimal("2.00"), "doc": "y", "note": "new col"})
+    )
     harness.send(t1.records() + t2.records())
     harness.run()
     rows = harness.rows("public", "accounts")
@@ -149,15 +206,22 @@ def test_truncate_and_schema_evolution(harness: Harness) -> None:
 
 
 def test_poison_record_stops_naming_coordinates(harness: Harness) -> None:
-    harness.send([KafkaRecord(accounts().topic(harness.prefix), None, b"not avro at all")],
-                 partition=1)
-    with pytest.raises(StreamingQueryException,
-                       match=rf"topic '{harness.prefix}.public.accounts', partition 1, offset 0"):
+    harness.send(
+        [KafkaRecord(accounts().topic(harness.prefix), None, b"not avro at all")], partition=1
+    )
+    with pytest.raises(
+        StreamingQueryException,
+        match=rf"topic '{harness.prefix}.public.accounts', partition 1, offset 0",
+    ):
         harness.run()
 
 
-def test_poison_record_quarantined(spark: SparkSession, kafka_bootstrap: str,  # noqa: F811
-                                   registry_url: str, tmp_path: Path) -> None:
+def test_poison_record_quarantined(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
     h = Harness(spark, kafka_bootstrap, registry_url, tmp_path, quarantine=True)
     t1 = h.writer.transaction(1, 100).insert(AUDIT, {"msg": "kept"})
     h.send([KafkaRecord(AUDIT.topic(h.prefix), None, b"\x00\x00\x0f\xff\xffjunk"), *t1.records()])
@@ -165,20 +229,29 @@ def test_poison_record_quarantined(spark: SparkSession, kafka_bootstrap: str,  #
     assert [r["msg"] for r in h.rows("bank", "audit")] == ["kept"]
     q = spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()
     assert [(r["topic"], r["value"], r["reason"]) for r in q] == [
-        (AUDIT.topic(h.prefix), b"\x00\x00\x0f\xff\xffjunk", "unknown value schema id 1048575")]
+        (AUDIT.topic(h.prefix), b"\x00\x00\x0f\xff\xffjunk", "unknown value schema id 1048575")
+    ]
 
 
 def test_transaction_topic_with_several_partitions_is_refused(
-        spark: SparkSession, kafka_bootstrap: str, registry_url: str,  # noqa: F811
-        tmp_path: Path) -> None:
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     for f in admin.create_topics([NewTopic(f"{prefix}.transaction", 3, 1)]).values():
         f.result(30)
     config = ConsumerConfig(
-        kafka_bootstrap=kafka_bootstrap, schema_registry_url=registry_url, topic_prefix=prefix,
-        lake_path=str(tmp_path / "lake"), checkpoint_path=str(tmp_path / "cp"), trigger=None,
-        available_now=True)
+        kafka_bootstrap=kafka_bootstrap,
+        schema_registry_url=registry_url,
+        topic_prefix=prefix,
+        lake_path=str(tmp_path / "lake"),
+        checkpoint_path=str(tmp_path / "cp"),
+        trigger=None,
+        available_now=True,
+    )
     processor = BatchProcessor(spark, config, WriterSchemas.from_url(registry_url))
     with pytest.raises(ConfigError, match=rf"topic '{prefix}.transaction' has 3 partitions"):
         start(spark, config, processor)
@@ -188,18 +261,29 @@ def test_last_change_of_a_key_wins_within_one_batch(harness: Harness) -> None:
     """Several changes to one key in one batch (no unchanged TOAST: the window collapse), each
     transaction also delivered twice in the same batch, as after a producer restart."""
     acc, w = accounts(), harness.writer
-    t1 = (w.transaction(601, 6000).insert(acc, {"id": 5, "balance": Decimal("1.00"), "doc": "x"})
-          .insert(acc, {"id": 6, "balance": Decimal("4.00"), "doc": "gone"}))
-    t2 = (w.transaction(602, 7000).update(acc, {"id": 5, "balance": Decimal("2.00"), "doc": "y"})
-          .delete(acc, {"id": 6}))
-    t3 = (w.transaction(603, 8000).update(acc, {"id": 5, "balance": Decimal("3.00"), "doc": "z"})
-          .insert(acc, {"id": 6, "balance": Decimal("9.00"), "doc": "again"})
-          .insert(acc, {"id": 7, "balance": Decimal("1.00"), "doc": "new"}))
+    t1 = (
+        w.transaction(601, 6000)
+        .insert(acc, {"id": 5, "balance": Decimal("1.00"), "doc": "x"})
+        .insert(acc, {"id": 6, "balance": Decimal("4.00"), "doc": "gone"})
+    )
+    t2 = (
+        w.transaction(602, 7000)
+        .update(acc, {"id": 5, "balance": Decimal("2.00"), "doc": "y"})
+        .delete(acc, {"id": 6})
+    )
+    t3 = (
+        w.transaction(603, 8000)
+        .update(acc, {"id": 5, "balance": Decimal("3.00"), "doc": "z"})
+        .insert(acc, {"id": 6, "balance": Decimal("9.00"), "doc": "again"})
+        .insert(acc, {"id": 7, "balance": Decimal("1.00"), "doc": "new"})
+    )
     t4 = w.transaction(604, 9000).delete(acc, {"id": 7})
     records = t1.records() + t2.records() + t3.records() + t4.records()
     harness.send(records + records)
     harness.run()
-    got = {r["id"]: (r["balance"], r["doc"], r["_commit_lsn"], r["_op"])
-           for r in harness.rows("public", "accounts")}
+    got = {
+        r["id"]: (r["balance"], r["doc"], r["_commit_lsn"], r["_op"])
+        for r in harness.rows("public", "accounts")
+    }
     assert got == {5: (Decimal("3.00"), "z", 8000, "u"), 6: (Decimal("9.00"), "again", 8000, "c")}
     assert harness.progress()[-1]["commit_lsn"] == 9000

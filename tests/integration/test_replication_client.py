@@ -305,7 +305,12 @@ def test_text_values_use_pinned_output_formats_whatever_the_dsn_says(env: Env) -
         messages = read_until_commit(client.stream(idle_after=0.2), Decoder())
     (ins,) = [m for m in messages if isinstance(m, Insert)]
     values = [v.data.decode() for v in ins.new[1:]]  # type: ignore[union-attr]
-    assert values == ["2024-03-05", "2024-03-05 12:00:00+00", "1 year 2 mons 3 days 04:05:06", "\\x00ff"]
+    assert values == [
+        "2024-03-05",
+        "2024-03-05 12:00:00+00",
+        "1 year 2 mons 3 days 04:05:06",
+        "\\x00ff",
+    ]
 
 
 def test_publication_for_all_tables_then_reused(env: Env) -> None:
@@ -369,8 +374,9 @@ def test_existing_publication_of_partitions_with_the_other_setting_is_refused(
         )
     )
     with (
-        ReplicationClient(env.dsn, env.config("hashed", publish_via_partition_root=via_root))
-        as client,
+        ReplicationClient(
+            env.dsn, env.config("hashed", publish_via_partition_root=via_root)
+        ) as client,
         pytest.raises(ReplicationError, match=r"ALTER PUBLICATION .* SET") as info,
     ):
         client.ensure_publication()

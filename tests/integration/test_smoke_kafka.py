@@ -11,7 +11,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:
     topic = f"smoke.{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(
+        timeout=30
+    )
 
     acked: list[tuple[bytes, int]] = []
 
@@ -19,7 +21,9 @@ def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:
         assert err is None, err
         acked.append((msg.key(), msg.offset()))  # type: ignore[attr-defined]
 
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"}
+    )
     sent = {f"k{i}".encode(): f"v{i}".encode() for i in range(20)}
     for key, value in sent.items():
         producer.produce(topic, value=value, key=key, on_delivery=on_delivery)

@@ -32,11 +32,19 @@ def test_pgoutput_stream_delivers_an_insert_and_feedback_moves_the_slot(pg_dsn: 
     name = f"smoke_{uuid.uuid4().hex[:8]}"
     marker = f"hello-{uuid.uuid4().hex}"
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), sql.Identifier(name)))
+        admin.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text)").format(sql.Identifier(name))
+        )
+        admin.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(name), sql.Identifier(name)
+            )
+        )
         admin.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
         try:
-            admin.execute(sql.SQL("INSERT INTO {} VALUES (1, %s)").format(sql.Identifier(name)), (marker,))
+            admin.execute(
+                sql.SQL("INSERT INTO {} VALUES (1, %s)").format(sql.Identifier(name)), (marker,)
+            )
             commit_lsn = admin.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0]  # type: ignore[index]
 
             conn = _replication_conn(pg_dsn)
@@ -62,7 +70,9 @@ def test_pgoutput_stream_delivers_an_insert_and_feedback_moves_the_slot(pg_dsn: 
                         last_end = max(last_end, end)
                         if payload[:1] == b"I":
                             insert_payload = payload
-                assert tags[:1] == [b"B"] and b"R" in tags and b"I" in tags and tags[-1:] == [b"C"], tags
+                assert (
+                    tags[:1] == [b"B"] and b"R" in tags and b"I" in tags and tags[-1:] == [b"C"]
+                ), tags
                 assert marker.encode() in insert_payload
 
                 conn.put_copy_data(_standby_status(last_end))
@@ -70,7 +80,8 @@ def test_pgoutput_stream_delivers_an_insert_and_feedback_moves_the_slot(pg_dsn: 
                 confirmed = 0
                 for _ in range(100):
                     row = admin.execute(
-                        "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s", (name,)
+                        "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
+                        (name,),
                     ).fetchone()
                     confirmed = int(row[0]) if row else 0  # type: ignore[index]
                     if confirmed >= last_end:

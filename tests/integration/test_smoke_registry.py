@@ -11,7 +11,17 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 
 def _record(*fields: dict[str, object]) -> Schema:
-    return Schema(json.dumps({"type": "record", "name": "Smoke", "namespace": "walbridge.smoke", "fields": list(fields)}), "AVRO")
+    return Schema(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "Smoke",
+                "namespace": "walbridge.smoke",
+                "fields": list(fields),
+            }
+        ),
+        "AVRO",
+    )
 
 
 def test_register_fetch_evolve_and_refuse(registry_url: str) -> None:
@@ -25,7 +35,10 @@ def test_register_fetch_evolve_and_refuse(registry_url: str) -> None:
     assert json.loads(fetched.schema_str)["fields"] == [{"name": "id", "type": "long"}]
 
     # Adding a nullable field with a default is BACKWARD compatible: a new version is accepted.
-    v2 = _record({"name": "id", "type": "long"}, {"name": "note", "type": ["null", "string"], "default": None})
+    v2 = _record(
+        {"name": "id", "type": "long"},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    )
     id2 = client.register_schema(subject, v2)
     assert id2 != id1
     assert client.get_latest_version(subject).version == 2

@@ -20,13 +20,17 @@ def spark() -> Iterator[SparkSession]:
     yield session
 
 
-def test_kafka_batch_read_then_delta_merge(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_kafka_batch_read_then_delta_merge(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
     from delta.tables import DeltaTable
 
     topic = f"smoke.spark.{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+    producer = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "acks": "all"}
+    )
     for i in range(10):
         producer.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
     assert producer.flush(30) == 0
@@ -43,7 +47,9 @@ def test_kafka_batch_read_then_delta_merge(spark: SparkSession, kafka_bootstrap:
     assert rows.count() == 10
 
     path = str(tmp_path / "delta")
-    spark.createDataFrame([(1, "old"), (99, "untouched")], "id INT, value STRING").write.format("delta").save(path)
+    spark.createDataFrame([(1, "old"), (99, "untouched")], "id INT, value STRING").write.format(
+        "delta"
+    ).save(path)
     target = DeltaTable.forPath(spark, path)
     (
         target.alias("t")
@@ -65,6 +71,7 @@ def test_shuffle_partitions_default_to_the_cores(spark: SparkSession) -> None:
     try:
         session = build_session("walbridge-smoke")  # getOrCreate: the same session
         assert int(session.conf.get("spark.sql.shuffle.partitions")) == (
-            session.sparkContext.defaultParallelism)
+            session.sparkContext.defaultParallelism
+        )
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)

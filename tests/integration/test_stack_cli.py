@@ -38,8 +38,12 @@ def scratch_env(stack: Stack, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _stack(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(STACK), *args], env=env, text=True, capture_output=True, timeout=timeout)
+def _stack(
+    env: dict[str, str], *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(STACK), *args], env=env, text=True, capture_output=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -50,7 +54,9 @@ def busy_port() -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-def test_taken_port_names_the_port_and_its_process(scratch_env: dict[str, str], busy_port: int) -> None:
+def test_taken_port_names_the_port_and_its_process(
+    scratch_env: dict[str, str], busy_port: int
+) -> None:
     scratch_env["WALBRIDGE_REGISTRY_PORT"] = str(busy_port)
     proc = _stack(scratch_env, "up", "registry")
     assert proc.returncode != 0
@@ -69,7 +75,9 @@ def test_missing_java_is_a_clear_error(scratch_env: dict[str, str]) -> None:
 
 def test_maven_failure_names_the_artifact(scratch_env: dict[str, str], tmp_path: Path) -> None:
     scratch_env["WALBRIDGE_DOWNLOADS"] = str(tmp_path / "empty-downloads")
-    scratch_env["WALBRIDGE_MAVEN_ARGS"] = "-o"  # offline with an empty local repository: resolution must fail
+    scratch_env["WALBRIDGE_MAVEN_ARGS"] = (
+        "-o"  # offline with an empty local repository: resolution must fail
+    )
     proc = _stack(scratch_env, "up", "registry")
     assert proc.returncode != 0
     assert "Maven could not resolve io.apicurio:apicurio-registry-app:" in proc.stderr

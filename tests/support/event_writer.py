@@ -126,7 +126,9 @@ class TableSpec:
             {
                 "name": n,
                 # A union type (e.g. numeric's [decimal, string]) gains a null branch.
-                "type": ["null", *t] if isinstance(t := by_name[n].avro_type, list) else ["null", t],
+                "type": ["null", *t]
+                if isinstance(t := by_name[n].avro_type, list)
+                else ["null", t],
                 "default": None,
                 "pg.type": by_name[n].pg_type,
             }

@@ -12,15 +12,25 @@ from spark_consumer.metrics import ConsumerMetrics, offsets_behind
 pytestmark = pytest.mark.unit
 
 
-def progress(read: dict[str, dict[str, int]], latest: dict[str, dict[str, int]],
-             rows: int = 0, ms: int = 0, batch: int = 0) -> dict[str, object]:
-    return {"batchId": batch, "numInputRows": rows, "durationMs": {"triggerExecution": ms},
-            "sources": [{"endOffset": read, "latestOffset": latest}]}
+def progress(
+    read: dict[str, dict[str, int]],
+    latest: dict[str, dict[str, int]],
+    rows: int = 0,
+    ms: int = 0,
+    batch: int = 0,
+) -> dict[str, object]:
+    return {
+        "batchId": batch,
+        "numInputRows": rows,
+        "durationMs": {"triggerExecution": ms},
+        "sources": [{"endOffset": read, "latestOffset": latest}],
+    }
 
 
 def test_offsets_behind_sums_partitions_and_counts_unread_topics() -> None:
-    p = progress({"db.a": {"0": 10, "1": 5}},
-                 {"db.a": {"0": 15, "1": 5}, "db.transaction": {"0": 7}})
+    p = progress(
+        {"db.a": {"0": 10, "1": 5}}, {"db.a": {"0": 15, "1": 5}, "db.transaction": {"0": 7}}
+    )
     assert offsets_behind(p) == 5 + 0 + 7
     assert offsets_behind({"sources": []}) is None
     assert offsets_behind({"sources": [{"endOffset": None, "latestOffset": None}]}) is None
@@ -28,13 +38,15 @@ def test_offsets_behind_sums_partitions_and_counts_unread_topics() -> None:
 
 def test_eta_follows_the_smoothed_read_rate() -> None:
     m = ConsumerMetrics()
-    first = m.observe_progress(progress({"t": {"0": 1000}}, {"t": {"0": 11_000}},
-                                        rows=1000, ms=1000))
+    first = m.observe_progress(
+        progress({"t": {"0": 1000}}, {"t": {"0": 11_000}}, rows=1000, ms=1000)
+    )
     assert first is not None
     assert (first.behind, first.records_per_s, first.eta_s) == (10_000, 1000.0, 10.0)
     # A faster batch moves the rate part of the way (smoothed), and the ETA with it.
-    second = m.observe_progress(progress({"t": {"0": 6000}}, {"t": {"0": 11_000}},
-                                         rows=5000, ms=1000))
+    second = m.observe_progress(
+        progress({"t": {"0": 6000}}, {"t": {"0": 11_000}}, rows=5000, ms=1000)
+    )
     assert second is not None and second.records_per_s is not None
     assert 1000 < second.records_per_s < 5000
     assert second.eta_s == pytest.approx(5000 / second.records_per_s)
@@ -45,9 +57,19 @@ def test_eta_follows_the_smoothed_read_rate() -> None:
 
 def test_batches_feed_counters_and_the_lag_in_source_time() -> None:
     m = ConsumerMetrics()
-    m.observe_batch(BatchReport(1, commit_lsn=500, commit_ts_ms=10_000, applied_transactions=4,
-                                changes_by_table={"public.a": 12}, seconds=2.0,
-                                pending_transactions=1, pending_records=3), now_ms=13_500)
+    m.observe_batch(
+        BatchReport(
+            1,
+            commit_lsn=500,
+            commit_ts_ms=10_000,
+            applied_transactions=4,
+            changes_by_table={"public.a": 12},
+            seconds=2.0,
+            pending_transactions=1,
+            pending_records=3,
+        ),
+        now_ms=13_500,
+    )
     # A batch that applied nothing keeps the last commit time: the lag keeps growing.
     m.observe_batch(BatchReport(2, commit_lsn=500, seconds=1.0), now_ms=20_000)
     m.observe_batch(BatchReport(3, skipped=True), now_ms=30_000)  # a replay: not counted

@@ -6,13 +6,13 @@ import struct
 
 import pytest
 
+from schemas.topics import TopicKind, classify, subscribe_pattern
+from schemas.wire import FramingError, split_frame
 from spark_consumer import progress, verify
 from spark_consumer.config import Decoder, parse_run, parse_verify
 from spark_consumer.envelope import key_fields, row_fields
 from spark_consumer.errors import ConfigError, TransactionError
-from spark_consumer.framing import FramingError, split_frame
 from spark_consumer.reassembly import TxSummary, check_age
-from spark_consumer.topics import TopicKind, classify, subscribe_pattern
 from tests.support.event_writer import ColumnSpec, TableSpec
 
 pytestmark = pytest.mark.unit
@@ -63,12 +63,21 @@ def test_unknown_flag_is_an_error() -> None:
 
 
 def test_verify_config_tables() -> None:
-    cfg = parse_verify([], {"WALBRIDGE_PG_DSN": "dbname=x", "WALBRIDGE_LAKE_PATH": "/l",
-                            "WALBRIDGE_PUBLICATION": "p", "WALBRIDGE_TABLES": "public.a, s.b"})
+    cfg = parse_verify(
+        [],
+        {
+            "WALBRIDGE_PG_DSN": "dbname=x",
+            "WALBRIDGE_LAKE_PATH": "/l",
+            "WALBRIDGE_PUBLICATION": "p",
+            "WALBRIDGE_TABLES": "public.a, s.b",
+        },
+    )
     assert cfg.tables == ("public.a", "s.b")
     with pytest.raises(ConfigError, match=r"schema\.table"):
-        parse_verify(["--tables", "a"], {"WALBRIDGE_PG_DSN": "x", "WALBRIDGE_LAKE_PATH": "/l",
-                                         "WALBRIDGE_PUBLICATION": "p"})
+        parse_verify(
+            ["--tables", "a"],
+            {"WALBRIDGE_PG_DSN": "x", "WALBRIDGE_LAKE_PATH": "/l", "WALBRIDGE_PUBLICATION": "p"},
+        )
 
 
 def test_topics() -> None:
@@ -98,8 +107,12 @@ def test_split_frame() -> None:
 
 
 def test_envelope_fields_from_contract_schema() -> None:
-    spec = TableSpec("public", "t", (ColumnSpec("id", "long", "int8"),
-                                     ColumnSpec("v", "string", "text")), ("id",))
+    spec = TableSpec(
+        "public",
+        "t",
+        (ColumnSpec("id", "long", "int8"), ColumnSpec("v", "string", "text")),
+        ("id",),
+    )
     fields = row_fields(spec.value_schema("db"))
     assert [(f.name, f.pg_type) for f in fields] == [("id", "int8"), ("v", "text")]
     assert key_fields(spec.key_schema("db")) == ("id",)
@@ -130,7 +143,9 @@ def test_verify_diff() -> None:
     d2 = verify.diff("public.t", pg, {**lake, (2,): {"id": "2", "v": "x"}})
     assert d2.different == (((2,), "v", None, "x"),)
     assert verify.report([d]).splitlines()[:2] == [
-        "public.t: 1 missing, 1 extra, 0 different (first 20 of each)", "  missing (2,)"]
+        "public.t: 1 missing, 1 extra, 0 different (first 20 of each)",
+        "  missing (2,)",
+    ]
     assert verify.diff("t", pg, dict(pg)).equal
 
 

@@ -126,7 +126,9 @@ def test_send_status_before_streaming_is_a_no_op() -> None:
     # before any stream exists: that must not fail.
     from producer.replication import ReplicationClient
 
-    client = ReplicationClient("host=127.0.0.1 port=1", ReplicationConfig(slot="s", publication="p"))
+    client = ReplicationClient(
+        "host=127.0.0.1 port=1", ReplicationConfig(slot="s", publication="p")
+    )
     client.send_status()  # no connection, no stream: nothing to send, nothing raised
     with pytest.raises(ReplicationError, match="stream"):
         client.confirm(1)

@@ -1,4 +1,9 @@
-"""Topic naming (DESIGN.md 'Topic, subject and event contracts'): pure functions."""
+"""Topic names: the one home of the naming contract (CONTRACT.md, "Events"). Pure functions.
+
+`<prefix>.<schema>.<table>` per table, and the prefix's own topics: `<prefix>.transaction`
+(markers, one partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages).
+Subjects follow TopicNameStrategy (`<topic>-key`, `<topic>-value`: `schemas.registry`).
+"""
 
 from __future__ import annotations
 
@@ -13,15 +18,23 @@ class TopicKind(Enum):
 
 
 # Suffixes of the prefix's own topics; everything else under the prefix is a table's data topic.
-_SPECIAL = {
-    "transaction": TopicKind.TRANSACTION,
-    "heartbeat": TopicKind.HEARTBEAT,
-    "message": TopicKind.MESSAGE,
-}
+_SPECIAL = {kind.value: kind for kind in TopicKind if kind is not TopicKind.DATA}
+
+
+def table_topic(prefix: str, schema: str, table: str) -> str:
+    return f"{prefix}.{schema}.{table}"
 
 
 def transaction_topic(prefix: str) -> str:
-    return f"{prefix}.transaction"
+    return f"{prefix}.{TopicKind.TRANSACTION.value}"
+
+
+def heartbeat_topic(prefix: str) -> str:
+    return f"{prefix}.{TopicKind.HEARTBEAT.value}"
+
+
+def message_topic(prefix: str) -> str:
+    return f"{prefix}.{TopicKind.MESSAGE.value}"
 
 
 def subscribe_pattern(prefix: str) -> str:
@@ -37,5 +50,4 @@ def classify(prefix: str, topic: str) -> TopicKind:
     head = f"{prefix}."
     if not topic.startswith(head):
         raise ValueError(f"topic {topic!r} is not under prefix {prefix!r}")
-    rest = topic[len(head):]
-    return _SPECIAL.get(rest, TopicKind.DATA)
+    return _SPECIAL.get(topic[len(head) :], TopicKind.DATA)

@@ -1,0 +1,53 @@
+"""Every WALBRIDGE_* environment variable, by the tool that owns it: the one list.
+
+One shell can carry all of them (`eval "$(deploy/local/stack env)"`, then the producer and the
+consumer), so each tool accepts every name here and refuses any other WALBRIDGE_* name as a
+typo. Each tool declares how it parses its own settings; tests check that those declarations
+and this list agree (tests/unit/test_settings_list.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+PRODUCER: Final = frozenset({
+    "WALBRIDGE_PG_DSN", "WALBRIDGE_KAFKA_BOOTSTRAP", "WALBRIDGE_SCHEMA_REGISTRY_URL",
+    "WALBRIDGE_PUBLICATION", "WALBRIDGE_SLOT", "WALBRIDGE_TABLES",
+    "WALBRIDGE_PUBLISH_VIA_PARTITION_ROOT", "WALBRIDGE_TOPIC_PREFIX", "WALBRIDGE_METRICS_PORT",
+    "WALBRIDGE_METRICS_HOST", "WALBRIDGE_CREATE_TOPICS", "WALBRIDGE_TOPIC_PARTITIONS",
+    "WALBRIDGE_TOPIC_REPLICATION_FACTOR", "WALBRIDGE_TOPIC_RETENTION_MS",
+    "WALBRIDGE_COMPRESSION", "WALBRIDGE_LINGER_MS", "WALBRIDGE_QUEUE_MAX_MESSAGES",
+    "WALBRIDGE_MESSAGE_TIMEOUT_MS", "WALBRIDGE_KAFKA_CONFIG", "WALBRIDGE_REGISTRY_MAX_ATTEMPTS",
+    "WALBRIDGE_MESSAGES", "WALBRIDGE_HEARTBEAT_INTERVAL_S", "WALBRIDGE_IDLE_AFTER_S",
+    "WALBRIDGE_STATUS_INTERVAL_S", "WALBRIDGE_LAG_INTERVAL_S", "WALBRIDGE_SHUTDOWN_GRACE_S",
+    "WALBRIDGE_LOG_LEVEL",
+})  # fmt: skip
+
+CONSUMER: Final = frozenset({
+    "WALBRIDGE_KAFKA_BOOTSTRAP", "WALBRIDGE_SCHEMA_REGISTRY_URL", "WALBRIDGE_TOPIC_PREFIX",
+    "WALBRIDGE_LAKE_PATH", "WALBRIDGE_CHECKPOINT_PATH", "WALBRIDGE_TRIGGER",
+    "WALBRIDGE_AVAILABLE_NOW", "WALBRIDGE_QUARANTINE_PATH", "WALBRIDGE_MAX_PENDING_AGE_S",
+    "WALBRIDGE_MAX_PENDING_RECORDS", "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER", "WALBRIDGE_DECODER",
+    "WALBRIDGE_MERGE_THREADS", "WALBRIDGE_CONSUMER_METRICS_PORT",
+    # verify
+    "WALBRIDGE_PG_DSN", "WALBRIDGE_PUBLICATION", "WALBRIDGE_TABLES",
+    # the Spark session and logging, for run and verify
+    "WALBRIDGE_SPARK_MASTER", "WALBRIDGE_SPARK_DRIVER_MEMORY",
+    "WALBRIDGE_SPARK_CONNECTOR_VERSION", "WALBRIDGE_LOG_LEVEL", "WALBRIDGE_HOME",
+})  # fmt: skip
+
+LOCAL_STACK: Final = frozenset({
+    "WALBRIDGE_HOME", "WALBRIDGE_DOWNLOADS", "WALBRIDGE_PG_PORT", "WALBRIDGE_KAFKA_PORT",
+    "WALBRIDGE_KAFKA_CONTROLLER_PORT", "WALBRIDGE_REGISTRY_PORT", "WALBRIDGE_KAFKA_HEAP",
+    "WALBRIDGE_REGISTRY_HEAP", "WALBRIDGE_STACK_TIMEOUT", "WALBRIDGE_MAVEN_ARGS",
+    "WALBRIDGE_JAVA", "WALBRIDGE_PYTHON",
+})  # fmt: skip
+
+ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK
+PREFIX: Final = "WALBRIDGE_"
+
+
+def unknown(names: Iterable[str]) -> list[str]:
+    """The WALBRIDGE_* names among `names` (e.g. an environment's keys) that no tool owns."""
+    return sorted(n for n in names if n.startswith(PREFIX) and n not in ALL)

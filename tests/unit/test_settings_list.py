@@ -1,0 +1,44 @@
+"""schemas.settings is the one list of WALBRIDGE_* variables: every tool's declarations, and
+every variable named anywhere in the code or the stack scripts, are in it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from producer.config import ProducerConfig, env_name
+from schemas import settings
+from spark_consumer.config import RUN_ENV, VERIFY_ENV
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"\bWALBRIDGE_[A-Z0-9_]*[A-Z0-9]\b")
+
+
+def test_the_producer_declares_exactly_its_listed_variables() -> None:
+    assert {env_name(f.name) for f in fields(ProducerConfig)} == settings.PRODUCER
+
+
+def test_the_consumer_declares_only_listed_variables() -> None:
+    assert set(RUN_ENV.values()) | set(VERIFY_ENV.values()) <= settings.CONSUMER
+
+
+def test_every_variable_the_code_and_scripts_name_is_listed() -> None:
+    files = [
+        *ROOT.glob("producer/**/*.py"),
+        *ROOT.glob("schemas/**/*.py"),
+        *ROOT.glob("spark_consumer/**/*.py"),
+        *(ROOT / "deploy" / "local").rglob("*"),
+    ]
+    named = {m for f in files if f.is_file() for m in NAME.findall(f.read_text(errors="replace"))}
+    # WALBRIDGE_X_Y: the help texts' placeholder for "any setting".
+    assert named - settings.ALL - {"WALBRIDGE_X_Y"} == set()
+
+
+def test_unknown_names_are_reported_sorted() -> None:
+    env = {"WALBRIDGE_LAKEPATH": "x", "WALBRIDGE_SLOT": "s", "PATH": "/bin", "WALBRIDGE_A": "1"}
+    assert settings.unknown(env) == ["WALBRIDGE_A", "WALBRIDGE_LAKEPATH"]
