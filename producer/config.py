@@ -19,6 +19,7 @@ from schemas import settings
 ENV_PREFIX: Final = "WALBRIDGE_"
 COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+SNAPSHOT_MODES: Final = ("initial", "initial-only", "never")
 
 
 def _bool(text: str) -> bool:
@@ -61,6 +62,12 @@ class ProducerConfig:
     lag_interval_s: float = 10.0  # slot lag query period
     shutdown_grace_s: float = 30.0  # SIGTERM: flush for at most this long
     log_level: str = "INFO"
+    # initial: a new slot snapshots every published table (and tables added later are
+    # snapshotted when they appear); initial-only: the same, then stop once the snapshots are
+    # in Kafka; never: changes only (signals still snapshot on demand).
+    snapshot: str = "initial"
+    snapshot_chunk_rows: int = 20_000  # rows per chunk, at most
+    snapshot_chunk_bytes: int = 64 * 1024 * 1024  # and about this many bytes (TOASTed rows)
 
     def __post_init__(self) -> None:
         for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url", "publication", "slot"):
@@ -70,6 +77,10 @@ class ProducerConfig:
             raise ConfigError(
                 f"compression must be one of {COMPRESSION_CODECS}, got {self.compression!r}"
             )
+        if self.snapshot not in SNAPSHOT_MODES:
+            raise ConfigError(f"snapshot must be one of {SNAPSHOT_MODES}, got {self.snapshot!r}")
+        _at_least("snapshot_chunk_rows", self.snapshot_chunk_rows, 1)
+        _at_least("snapshot_chunk_bytes", self.snapshot_chunk_bytes, 1)
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if not 0 <= self.metrics_port <= 65535:

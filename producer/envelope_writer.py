@@ -71,16 +71,17 @@ class TableEnvelopeWriter:
 
     def __init__(
         self, envelope: Schema, schema_id: int, *, version: str, prefix: str, db: str,
-        schema: str, table: str,
+        schema: str, table: str, snapshot: str = "false",
     ) -> None:  # fmt: skip
         _check_layout(envelope)
         self._header = header(schema_id)
         self._source_head = (
             string_bytes(version) + string_bytes("postgresql") + string_bytes(prefix)
         )
-        # snapshot "false", db, sequence null, schema, table
+        # snapshot ("false" when streaming; "true", "last" for snapshot reads), db, sequence
+        # null, schema, table
         self._source_mid = (
-            string_bytes("false")
+            string_bytes(snapshot)
             + string_bytes(db)
             + _NULL
             + string_bytes(schema)

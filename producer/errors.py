@@ -64,3 +64,12 @@ class EventError(ProducerError):
         self.lsn = lsn
         self.detail = detail
         super().__init__(f"{table} at LSN {_lsn(lsn)}: {detail}")
+
+
+class SnapshotError(ProducerError):
+    """A snapshot chunk could not be read or published; names the table and the chunk's start."""
+
+    def __init__(self, table: str, cursor: tuple[str, ...] | None, detail: str) -> None:
+        where = "from its start" if cursor is None else f"after key {list(cursor)}"
+        super().__init__(f"snapshot of {table} {where}: {detail}")
+        self.table = table

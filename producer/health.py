@@ -22,6 +22,7 @@ class HealthState:
         self.streaming = False
         self.degraded: str | None = None  # why not ready (broker down, registry retrying, ...)
         self.stopped: str | None = None
+        self.activity = ""  # shown by /readyz when ready, e.g. "snapshotting public.orders"
 
     def progress(self) -> None:
         self.last_progress = time.monotonic()
@@ -42,7 +43,7 @@ class HealthState:
             return False, "not streaming yet"
         if self.degraded is not None:
             return False, self.degraded
-        return True, "ok"
+        return True, f"ok: {self.activity}" if self.activity else "ok"
 
 
 class HealthServer:

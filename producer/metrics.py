@@ -53,6 +53,30 @@ class Metrics:
         self.in_flight_events = Gauge(
             "walbridge_in_flight_events", "Events produced and not yet acknowledged", registry=r
         )
+        self.snapshot_rows = Counter(
+            "walbridge_snapshot_rows", "Snapshot rows published (op r), by table", ["table"],
+            registry=r,
+        )  # fmt: skip
+        self.snapshot_rows_dropped = Counter(
+            "walbridge_snapshot_rows_dropped",
+            "Snapshot rows not published because the row changed between the chunk's watermarks "
+            "(its streamed change is newer), by table",
+            ["table"], registry=r,
+        )  # fmt: skip
+        self.snapshot_rows_estimate = Gauge(
+            "walbridge_snapshot_rows_estimate",
+            "Rows the planner estimates the table holds (pg_class.reltuples), by table",
+            ["table"], registry=r,
+        )  # fmt: skip
+        self.snapshot_eta_seconds = Gauge(
+            "walbridge_snapshot_eta_seconds",
+            "Estimated seconds until the table's snapshot is done (-1: unknown), by table",
+            ["table"], registry=r,
+        )  # fmt: skip
+        self.snapshot_tables_queued = Gauge(
+            "walbridge_snapshot_tables_queued", "Tables whose snapshot is queued or under way",
+            registry=r,
+        )  # fmt: skip
         self.replication_reconnects = Counter(
             "walbridge_replication_reconnects",
             "Replication connection re-establishments",

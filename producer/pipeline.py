@@ -58,6 +58,12 @@ from producer.pgoutput import (
     format_lsn,
 )
 from producer.replication import ReplicationClient, ReplicationConfig
+from producer.snapshot import catalog as snapshot_catalog
+from producer.snapshot import state as snapshot_state
+from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.coordinator import SnapshotCoordinator
+from producer.snapshot.state import TableState
+from producer.snapshot.watermarks import INTERNAL_PREFIX
 from producer.sql_session import SqlSession
 from producer.tables import TableRoute, TableRoutes
 from producer.topics import TopicManager, TopicPolicy
@@ -70,7 +76,7 @@ from schemas.envelope import (
     transaction_key_schema,
     transaction_metadata_schema,
 )
-from schemas.topics import heartbeat_topic, message_topic, transaction_topic
+from schemas.topics import heartbeat_topic, message_topic, snapshot_topic, transaction_topic
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder
 
@@ -143,6 +149,9 @@ class Pipeline:
         self._routes: dict[int, TableRoute] = {}
         self._http: HealthServer | None = None
         self._lag: LagMonitor | None = None
+        self._snap: SnapshotCoordinator | None = None
+        # (table, value schema id, snapshot marker) -> the writer of that table's "r" events
+        self._read_writers: dict[tuple[str, int, str], TableEnvelopeWriter] = {}
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -168,7 +177,9 @@ class Pipeline:
                     "tables": cfg.tables,
                     "publish_via_partition_root": cfg.publish_via_partition_root,
                     "proto_version": 1,
-                    "messages": cfg.messages,
+                    # Always on: snapshot watermarks and signals are logical messages;
+                    # --no-messages only stops publishing the application's own.
+                    "messages": True,
                     "status_interval": cfg.status_interval_s,
                     "application_name": "walbridge_producer",
                 }
@@ -178,11 +189,6 @@ class Pipeline:
             self.db = identity.dbname
             self.prefix = cfg.topic_prefix or identity.dbname
             self.client.ensure_publication()
-            slot = self.client.ensure_slot()
-            log.info(
-                "slot ready",
-                extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": self.prefix},
-            )
             # The Kafka producer first: it connects and gets its idempotent producer id in
             # librdkafka's threads while the rest is set up.
             self.sink = KafkaSink(
@@ -215,6 +221,20 @@ class Pipeline:
             self._register_fixed_schemas()
             fixed_topics.result()
         self.catalog = TypeCatalog()
+        # Snapshot state before the slot: a new slot's tables are recorded as to be read
+        # (and acknowledged by Kafka) before the slot exists, so a crash in between can't
+        # leave a slot whose existing rows nobody reads.
+        initial_needed = self._start_snapshots()
+        slot = self.client.ensure_slot()
+        if slot.created != initial_needed and cfg.snapshot != "never":
+            log.warning(
+                "the slot appeared or vanished during start-up; check for another producer",
+                extra={"slot": slot.slot_name},
+            )
+        log.info(
+            "slot ready",
+            extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": self.prefix},
+        )
         self.tables = TableRoutes(
             prefix=self.prefix,
             catalog=self.catalog,
@@ -227,6 +247,103 @@ class Pipeline:
         self._routes = self.tables.routes  # the same dict, one attribute less per event
         self._lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, self.metrics)
         self._lag.start()
+
+    def _start_snapshots(self) -> bool:
+        """The snapshot coordinator, with the resume records read from Kafka; True when the
+        slot is new and the initial snapshot was queued."""
+        cfg = self.config
+        self.snap_topic = snapshot_topic(self.prefix)
+        self.topics.ensure(
+            [self.snap_topic], single_partition=True, config={"cleanup.policy": "compact"}
+        )
+        kafka = {**cfg.librdkafka_extra(), "bootstrap.servers": cfg.kafka_bootstrap}
+        states = snapshot_state.load(kafka, self.snap_topic)
+
+        def look(conn: Any) -> tuple[bool, list[str]]:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (cfg.slot,)
+            ).fetchone()
+            return exists is not None, sorted(snapshot_catalog.published(conn, cfg.publication))
+
+        slot_exists, published = self.sql.run(look)
+        initial = published if not slot_exists and cfg.snapshot != "never" else []
+        self._snap = SnapshotCoordinator(
+            dsn=cfg.pg_dsn,
+            publication=cfg.publication,
+            sql=self.sql,
+            sink=self,
+            chunk_rows=cfg.snapshot_chunk_rows,
+            chunk_bytes=cfg.snapshot_chunk_bytes,
+            auto_new_tables=cfg.snapshot != "never",
+            metrics=self.metrics,
+        )
+        self._snap.start(states, published, initial)
+        if initial:
+            assert self.sink is not None
+            left = self.sink.flush(60.0)
+            if left:
+                raise DeliveryError(self.snap_topic, "snapshot state", None, "not acknowledged")
+            log.info("initial snapshot queued", extra={"tables": len(initial)})
+        return bool(initial)
+
+    # --- snapshot sink (producer.snapshot.coordinator.SnapshotSink) ----------------------------
+
+    def snapshot_route(self, table: SnapshotTable, lsn: int) -> TableRoute:
+        route = self._routes.get(table.oid)
+        if route is None:
+            route = self.tables.route(table.oid)
+        if route is None:  # the stream has not named the table yet: describe it ourselves
+            self.tables.on_relation(table.relation(), lsn)
+            route = self._route(table.oid, lsn)
+        return route
+
+    def emit_read(
+        self, route: TableRoute, row: bytes, key: bytes | None, last: bool, lsn: int
+    ) -> None:
+        """One snapshot row (``op: "r"``) in the current transaction (a high watermark's)."""
+        tx = self._require_tx("snapshot row", lsn)
+        marker = "last" if last else "true"
+        schema_id = route.value_encoder.schema_id
+        writer = self._read_writers.get((route.table, schema_id, marker))
+        if writer is None:
+            schema, _, name = route.table.partition(".")
+            writer = TableEnvelopeWriter(
+                route.shape.codec.envelope_schema, schema_id, version=self.version,
+                prefix=self.prefix, db=self.db, schema=schema, table=name, snapshot=marker,
+            )  # fmt: skip
+            self._read_writers[(route.table, schema_id, marker)] = writer
+        if tx.event_count == 0:
+            self._produce_marker(tx.begin_marker())
+        total_order, data_collection_order = tx.next_order(route.table)
+        value = writer.encode(
+            "r", None, row, tx.encoded, lsn, _now_ms(), total_order, data_collection_order, []
+        )
+        header = route.key_header
+        framed = header + key if key is not None and header is not None else None
+        self._produce(route.topic, route.counts, framed, value, route.table)
+
+    def emit_snapshot_truncate(self, route: TableRoute, lsn: int) -> None:
+        """A table without a key starts its snapshot with a ``t`` (source.snapshot "true"):
+        its rows can't be upserted, so readers drop what they hold and take the rows read."""
+        tx = self._require_tx("snapshot truncate", lsn)
+        self._begin_marker_once(tx)
+        block = tx.block(tx.next_order(route.table))
+        source = self._fill_source(dict(route.source), tx, lsn)
+        source["snapshot"] = "true"
+        value = route.value_encoder.encode(truncate_envelope(source, block, _now_ms()))
+        self._produce(route.topic, route.counts, None, value, route.table)
+
+    def write_state(self, state: TableState) -> None:
+        assert self.sink is not None
+        ticket = Ticket(None)  # confirms nothing: written after what it covers was confirmed
+        ticket.outstanding = 1
+        self.sink.produce(
+            self.snap_topic,
+            state.table.encode(),
+            state.encode(),
+            self.sink.callback_for(ticket),
+            self._keep_alive,
+        )
 
     def _open_registry(self) -> SchemaRegistry:
         """Imported here, not at module level: confluent-kafka's registry client pulls in
@@ -376,12 +493,16 @@ class Pipeline:
             self.metrics.transactions.inc()
         self.tracker.close(ticket, message.end_lsn)
         self._last_commit_lsn = message.commit_lsn
+        if self._snap is not None:
+            self._snap.on_commit(message.commit_lsn)
         self._tx = self._ticket = self._callback = None
         assert self.sink is not None
         self.sink.poll(0)
         self._confirm_acked()
         self._flush_counts()
         self.health.progress()
+        if self._snap is not None:
+            self._snapshot_tick()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
         if not self._idle_sooner and self.tracker.in_flight:
@@ -394,6 +515,8 @@ class Pipeline:
 
     def _on_relation(self, message: Relation, lsn: int) -> None:
         self.tables.on_relation(message, lsn)
+        if self._snap is not None:
+            self._snap.on_relation(message)
 
     def _on_type(self, message: Type, lsn: int) -> None:
         self.sql.run(lambda conn: on_type_message(self.catalog, conn, message.type_oid))
@@ -448,6 +571,11 @@ class Pipeline:
         row, unchanged, key, end = encoded
         if end != len(buf):
             return False
+        snap = self._snap
+        if snap is not None:
+            window = snap.window  # a snapshot chunk between its watermarks: note the change
+            if window is not None and window.opened and window.table.oid == relation_id:
+                window.changed.add(row if key is None else key)
         # From here on as _emit(route, op, key, before, after, unchanged, lsn) with its
         # _produce, inlined (the hottest path: two Python calls less per event).
         count = tx.event_count
@@ -522,6 +650,8 @@ class Pipeline:
         tx = self._require_tx("Truncate", lsn)
         for relation_id in message.relation_ids:
             route = self._route(relation_id, lsn)
+            if self._snap is not None:
+                self._snap.on_truncate(route.table)
             self._begin_marker_once(tx)
             block = tx.block(tx.next_order(route.table))
             source = self._fill_source(route.source, tx, lsn)
@@ -530,6 +660,15 @@ class Pipeline:
 
     def _on_message(self, message: Message, lsn: int) -> None:
         if self._skipping:
+            return
+        if message.prefix.startswith(INTERNAL_PREFIX):  # watermarks, signals: never published
+            if self._snap is not None:
+                self._snap.on_message(
+                    message.prefix, message.content, message.lsn,
+                    in_tx=message.transactional and self._tx is not None,
+                )  # fmt: skip
+            return
+        if not self.config.messages:
             return
         source = source_block(
             version=self.version, prefix=self.prefix, db=self.db, schema="", table="",
@@ -598,6 +737,14 @@ class Pipeline:
         tx = self._tx
         if tx is None:
             raise StreamStateError(f"row change of {route.table} outside a transaction", lsn)
+        snap = self._snap
+        if snap is not None:
+            window = snap.window
+            if window is not None and window.opened and window.table.collection == route.table:
+                image = after if after is not None else before
+                seen = key if key is not None else image
+                if seen is not None:
+                    window.changed.add(seen)
         if tx.event_count == 0:
             self._produce_marker(tx.begin_marker())
         total_order, data_collection_order = tx.next_order(route.table)
@@ -701,6 +848,8 @@ class Pipeline:
         assert self.client is not None
         self.client.confirm(lsn)
         self.metrics.confirmed_lsn.set(lsn)
+        if self._snap is not None:
+            self._snap.on_confirmed(lsn)
         last = self.tracker.last_confirmed
         if self._lag is not None and last is not None:
             self._lag.anchor_ms = last.commit_ts_ms
@@ -732,6 +881,8 @@ class Pipeline:
             if wal_end > self.client.confirmed_lsn:
                 self.client.confirm(wal_end)
                 self.metrics.confirmed_lsn.set(wal_end)
+            if self._snap is not None:
+                self._snap.on_confirmed(self.client.confirmed_lsn)
             if self._lag is not None:
                 self._lag.anchor_ms = None
         self._report_confirmed(force=True)
@@ -741,8 +892,28 @@ class Pipeline:
         elif self.health.degraded == "Kafka brokers unreachable":
             self.health.degraded = None
         self.health.progress()
+        if self._snap is not None:
+            self._snapshot_tick()
         if time.monotonic() >= self._next_heartbeat:
             self._heartbeat()
+
+    def _snapshot_tick(self) -> None:
+        """Snapshot housekeeping between transactions; with --snapshot initial-only, stop once
+        every snapshot is done and acknowledged."""
+        snap = self._snap
+        assert snap is not None
+        if self._tx is None:
+            snap.tick()
+        self.health.activity = snap.describe()
+        if (
+            self.config.snapshot == "initial-only"
+            and not snap.active
+            and not snap.unconfirmed
+            and self._tx is None
+            and not self.tracker.in_flight
+        ):
+            log.info("initial snapshot done and acknowledged; stopping (--snapshot initial-only)")
+            self.stop_requested = True
 
     def _keep_alive(self) -> None:
         """While blocked on Kafka or the registry: keep the walsender from timing us out,
@@ -797,6 +968,8 @@ class Pipeline:
 
     def close(self) -> None:
         try:
+            if self._snap is not None:
+                self._snap.stop()
             if self.client is not None:
                 self.client.close()
         finally:

@@ -31,9 +31,16 @@ class TopicManager:
         self._policy = policy
         self._ready: set[str] = set()
 
-    def ensure(self, topics: list[str], *, single_partition: bool = False) -> None:
+    def ensure(
+        self,
+        topics: list[str],
+        *,
+        single_partition: bool = False,
+        config: dict[str, str] | None = None,
+    ) -> None:
         """``single_partition``: the transaction topic. Its END markers must be totally ordered,
-        so a consumer that sees a transaction's END has seen every earlier transaction's END."""
+        so a consumer that sees a transaction's END has seen every earlier transaction's END.
+        ``config``: topic settings for topics created here (on top of the policy's)."""
         wanted = [t for t in dict.fromkeys(topics) if t not in self._ready]
         if not wanted:
             return
@@ -55,12 +62,14 @@ class TopicManager:
                 f"WALBRIDGE_CREATE_TOPICS=false); create it first. Missing: {', '.join(missing)}",
             )
         if missing:
-            self._create(missing, 1 if single_partition else self._policy.partitions)
+            self._create(missing, 1 if single_partition else self._policy.partitions, config)
         self._ready.update(wanted)
 
-    def _create(self, topics: list[str], partitions: int) -> None:
-        config = {}
-        if self._policy.retention_ms:
+    def _create(
+        self, topics: list[str], partitions: int, extra: dict[str, str] | None = None
+    ) -> None:
+        config = dict(extra or {})
+        if self._policy.retention_ms and "cleanup.policy" not in config:
             config["retention.ms"] = str(self._policy.retention_ms)
         new = [
             NewTopic(

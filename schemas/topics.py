@@ -1,7 +1,8 @@
 """Topic names: the one home of the naming contract (CONTRACT.md, "Events"). Pure functions.
 
 `<prefix>.<schema>.<table>` per table, and the prefix's own topics: `<prefix>.transaction`
-(markers, one partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages).
+(markers, one partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages),
+`<prefix>.snapshot` (the producer's snapshot resume records, internal).
 Subjects follow TopicNameStrategy (`<topic>-key`, `<topic>-value`: `schemas.registry`).
 """
 
@@ -15,6 +16,7 @@ class TopicKind(Enum):
     TRANSACTION = "transaction"
     HEARTBEAT = "heartbeat"
     MESSAGE = "message"
+    SNAPSHOT = "snapshot"  # the producer's snapshot resume records (internal, compacted)
 
 
 # Suffixes of the prefix's own topics; everything else under the prefix is a table's data topic.
@@ -37,13 +39,17 @@ def message_topic(prefix: str) -> str:
     return f"{prefix}.{TopicKind.MESSAGE.value}"
 
 
+def snapshot_topic(prefix: str) -> str:
+    return f"{prefix}.{TopicKind.SNAPSHOT.value}"
+
+
 def subscribe_pattern(prefix: str) -> str:
     r"""Java regex for Kafka's subscribePattern: data topics and the transaction topic.
 
     ``\Q..\E`` quotes the prefix literally (it may hold dots or dashes); heartbeat and message
-    topics are left out because nothing in them is applied to tables.
+    topics, and the producer's snapshot records, are left out: nothing in them is applied.
     """
-    return rf"\Q{prefix}\E\.(?!heartbeat$|message$).+"
+    return rf"\Q{prefix}\E\.(?!heartbeat$|message$|snapshot$).+"
 
 
 def classify(prefix: str, topic: str) -> TopicKind:

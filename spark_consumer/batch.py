@@ -209,7 +209,7 @@ class BatchProcessor:
                     f"topic {r['topic']!r} has a partition {r['partition']}: the transaction "
                     "topic must have exactly one partition (markers must stay in commit order)"
                 )
-            if kind in (TopicKind.HEARTBEAT, TopicKind.MESSAGE):
+            if kind in (TopicKind.HEARTBEAT, TopicKind.MESSAGE, TopicKind.SNAPSHOT):
                 continue
             vids, kids = by_topic.setdefault(r["topic"], (set(), set()))
             if r["_vid"] is None:

@@ -1,0 +1,127 @@
+"""What a snapshot reads, from the catalog: the published tables, their columns exactly as
+pgoutput describes them (so the Relation built here gives the same schemas as the stream's),
+the key to walk them by, and the planner's row estimate for progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from producer.pgoutput import Column, Relation
+
+_TABLES = """
+SELECT c.oid, n.nspname::text, c.relname::text, c.relreplident::text
+  FROM pg_publication_tables pt
+  JOIN pg_namespace n ON n.nspname = pt.schemaname
+  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+ WHERE pt.pubname = %s
+ ORDER BY 2, 3
+"""
+# PostgreSQL 15 publications may list columns; pgoutput then sends only those.
+_COLUMN_LISTS = """
+SELECT n.nspname::text, c.relname::text, pt.attnames::text[]
+  FROM pg_publication_tables pt
+  JOIN pg_namespace n ON n.nspname = pt.schemaname
+  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+ WHERE pt.pubname = %s
+"""
+# As pgoutput's logicalrep_write_attrs: no dropped columns, no generated ones.
+_COLUMNS = """
+SELECT a.attname::text, a.atttypid::int8, a.atttypmod
+  FROM pg_attribute a
+ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ ORDER BY a.attnum
+"""
+# Index columns in index order (the chunk's ORDER BY then matches the index).
+_INDEX_COLUMNS = """
+SELECT a.attname::text
+  FROM pg_index i
+  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+ WHERE i.indrelid = %s AND (CASE WHEN %s THEN i.indisprimary ELSE i.indisreplident END)
+ ORDER BY array_position(i.indkey::int2[], a.attnum)
+"""
+_ESTIMATE = """
+SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::int8
+  FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid
+ WHERE t.isleaf
+"""
+
+
+@dataclass(frozen=True)
+class SnapshotTable:
+    oid: int
+    schema: str
+    name: str
+    replica_identity: str  # pg_class.relreplident: d, n, f, i
+    columns: tuple[Column, ...]  # as pgoutput's Relation message lists them
+    chunk_key: tuple[str, ...]  # walked in this order; () = no usable key: read whole
+
+    @property
+    def collection(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def relation(self) -> Relation:
+        """The Relation message pgoutput would send for the table (its first change)."""
+        return Relation(
+            xid=None,
+            relation_id=self.oid,
+            namespace=self.schema,
+            name=self.name,
+            replica_identity=self.replica_identity,  # type: ignore[arg-type]
+            columns=self.columns,
+        )
+
+
+def published(conn: psycopg.Connection[Any], publication: str) -> dict[str, int]:
+    """``schema.table`` -> oid of every table the publication sends (roots when it publishes
+    via the partition root: pg_publication_tables lists what pgoutput names)."""
+    rows = conn.execute(_TABLES, (publication,)).fetchall()
+    return {f"{schema}.{name}": int(oid) for oid, schema, name, _ident in rows}
+
+
+def describe(conn: psycopg.Connection[Any], publication: str, collection: str) -> SnapshotTable:
+    """One published table, as the snapshot reads it; KeyError when it is not published."""
+    rows = {
+        f"{s}.{n}": (int(oid), s, n, ident)
+        for oid, s, n, ident in conn.execute(_TABLES, (publication,)).fetchall()
+    }
+    oid, schema, name, ident = rows[collection]
+    lists: dict[str, list[str] | None] = {}
+    if conn.info.server_version >= 150000:
+        for s, n, names in conn.execute(_COLUMN_LISTS, (publication,)).fetchall():
+            lists[f"{s}.{n}"] = names
+    listed = lists.get(collection)
+    identity: tuple[str, ...] = ()
+    if ident in ("d", "i"):
+        identity = tuple(r[0] for r in conn.execute(_INDEX_COLUMNS, (oid, ident == "d")))
+    primary = tuple(r[0] for r in conn.execute(_INDEX_COLUMNS, (oid, True)))
+    columns = tuple(
+        Column(
+            flags=1 if (ident == "f" or attname in identity) else 0,
+            name=attname,
+            type_oid=int(type_oid),
+            type_modifier=int(typmod),
+            is_key=ident == "f" or attname in identity,
+        )
+        for attname, type_oid, typmod in conn.execute(_COLUMNS, (oid,))
+        if listed is None or attname in listed
+    )
+    # The chunk key: the identity key (what events are keyed by), or with FULL the primary
+    # key the events are keyed by (producer.tables); none: the table is read whole.
+    chunk_key = identity if ident in ("d", "i") else primary if ident == "f" else ()
+    names = {c.name for c in columns}
+    if any(k not in names for k in chunk_key):
+        chunk_key = ()  # a column list without the key: no key order to resume by
+    return SnapshotTable(oid, schema, name, ident, columns, chunk_key)
+
+
+def estimate_rows(conn: psycopg.Connection[Any], oid: int) -> int:
+    """The planner's row count (``reltuples``, summed over partitions): progress and ETA."""
+    row = conn.execute(_ESTIMATE, (oid,)).fetchone()
+    return int(row[0]) if row else 0

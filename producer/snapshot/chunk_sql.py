@@ -1,0 +1,58 @@
+"""The SQL of one snapshot chunk. Pure: composed with psycopg.sql, never from raw strings.
+
+A keyed table is read in key order with keyset pagination: ``WHERE (k1, k2) > (after)
+ORDER BY k1, k2 LIMIT n`` walks the primary key (or replica-identity index) so every chunk
+is an index range scan, whatever the table's size, and no OFFSET rescans what came before.
+The cursor values are the last row's key text, passed as untyped literals: PostgreSQL gives
+them the key columns' types, so any key type with a btree order works (uuid, text, numeric,
+composite keys). One row more than the chunk is read to know whether the chunk is the last
+without a further query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg import sql
+
+
+def _columns(names: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def chunk_copy(
+    schema: str,
+    table: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    after: Sequence[str] | None,
+    limit: int,
+) -> sql.Composed:
+    """``COPY (SELECT columns FROM table [WHERE key > after] ORDER BY key LIMIT limit)
+    TO STDOUT``: the next ``limit`` rows after the cursor, in key order."""
+    if not key:
+        raise ValueError(f"{schema}.{table}: a chunked read needs key columns")
+    if after is not None and len(after) != len(key):
+        raise ValueError(f"{schema}.{table}: cursor {list(after)} does not match key {list(key)}")
+    keys = _columns(key)
+    where: sql.Composable = sql.SQL("")
+    if after is not None:
+        where = sql.SQL(" WHERE ({}) > ({})").format(
+            keys, sql.SQL(", ").join(sql.Literal(v) for v in after)
+        )
+    return sql.SQL(
+        "COPY (SELECT {columns} FROM {table}{where} ORDER BY {keys} LIMIT {limit}) TO STDOUT"
+    ).format(
+        columns=_columns(columns),
+        table=sql.Identifier(schema, table),
+        where=where,
+        keys=keys,
+        limit=sql.Literal(limit),
+    )
+
+
+def whole_copy(schema: str, table: str, columns: Sequence[str]) -> sql.Composed:
+    """``COPY (SELECT columns FROM table) TO STDOUT``: a table without a key, in one read."""
+    return sql.SQL("COPY (SELECT {columns} FROM {table}) TO STDOUT").format(
+        columns=_columns(columns), table=sql.Identifier(schema, table)
+    )

@@ -1,0 +1,401 @@
+"""Snapshots inside the pipeline's thread: which table is read next, the open window, what a
+watermark, a signal, a truncate or a new Relation means for it, and the resume state.
+
+All decisions are taken here, on the thread that reads the stream; the reader thread only
+runs the SQL of the window it is handed (``reader``). One window is open at a time, and the
+next is handed over as soon as the stream passes the previous one's high watermark, so the
+reader works while the stream flows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psycopg
+
+from producer.pgoutput import format_lsn
+from producer.snapshot import catalog
+from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.copy_text import tuple_data
+from producer.snapshot.reader import ChunkReader
+from producer.snapshot.state import DONE, PENDING, RUNNING, TableState, requested
+from producer.snapshot.watermarks import (
+    SIGNAL_PREFIX,
+    WATERMARK_PREFIX,
+    Mark,
+    Outcome,
+    Window,
+    parse_watermark,
+)
+
+log = logging.getLogger(__name__)
+
+_PROGRESS_EVERY_S = 10.0
+_NEW_TABLES_EVERY_S = 10.0
+
+
+class SnapshotSink(Protocol):
+    """What the coordinator needs from the pipeline."""
+
+    def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
+        """The table's TableRoute, built from the catalog if the stream has not named it."""
+
+    def emit_read(self, route: Any, row: bytes, key: bytes | None, last: bool, lsn: int) -> None:
+        """One ``r`` event inside the current transaction."""
+
+    def emit_snapshot_truncate(self, route: Any, lsn: int) -> None:
+        """A ``t`` event that starts the snapshot of a table without a key."""
+
+    def write_state(self, state: TableState) -> None:
+        """The table's resume record (after everything it covers is acknowledged)."""
+
+
+@dataclass
+class _Progress:
+    estimate: int
+    started: float = field(default_factory=time.monotonic)
+    rows: int = 0
+    dropped: int = 0
+
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.rows / elapsed if elapsed > 0 else 0.0
+
+    def eta_s(self) -> float | None:
+        rate = self.rate()
+        if rate <= 0 or self.estimate <= self.rows:
+            return None
+        return (self.estimate - self.rows) / rate
+
+
+class SnapshotCoordinator:
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        publication: str,
+        sql: Any,  # producer.sql_session.SqlSession
+        sink: SnapshotSink,
+        chunk_rows: int,
+        chunk_bytes: int,
+        auto_new_tables: bool,
+        metrics: Any,
+    ) -> None:
+        self._dsn = dsn
+        self._publication = publication
+        self._sql = sql
+        self._sink = sink
+        self._chunk_rows = chunk_rows
+        self._chunk_bytes = chunk_bytes
+        self._row_bytes: dict[str, float] = {}  # average COPY bytes per row, by table
+        self._pending_state: TableState | None = None
+        self._auto = auto_new_tables
+        self._metrics = metrics
+        self.states: dict[str, TableState] = {}
+        self._queue: list[str] = []  # tables to read, in order
+        self._progress: dict[str, _Progress] = {}
+        self._known: set[str] = set()  # published tables seen so far
+        self.window: Window | None = None  # the chunk in flight (checked per streamed event)
+        self._reader: ChunkReader | None = None
+        self._published_in_tx: tuple[Window, int, int] | None = None  # window, rows, lsn
+        self._unconfirmed: list[tuple[int, TableState]] = []  # (commit_lsn, state to write)
+        self._next_progress_log = 0.0
+        self._next_table_check = 0.0
+
+    # --- start-up ----------------------------------------------------------------------------
+
+    def start(
+        self, states: dict[str, TableState], published: Iterable[str], initial: list[str]
+    ) -> None:
+        """``states``: the resume records; ``initial``: tables to read now (a new slot)."""
+        self.states = dict(states)
+        self._known = set(published) | set(self.states)
+        for table in initial:
+            if table not in self.states or self.states[table].status == DONE:
+                self.states[table] = requested(table, 0)
+                self._sink.write_state(self.states[table])
+        unfinished = sorted(
+            (s for s in self.states.values() if s.status != DONE),
+            key=lambda s: (s.status != RUNNING, s.started_ms, s.table),
+        )
+        for s in unfinished:
+            self._enqueue(s.table)
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Published chunks whose resume record waits for Kafka's acknowledgement."""
+        return bool(self._unconfirmed)
+
+    @property
+    def active(self) -> bool:
+        """A snapshot is under way or queued."""
+        return bool(self._queue) or self.window is not None
+
+    def describe(self) -> str:
+        if self.window is not None:
+            return f"snapshotting {self.window.table.collection}"
+        return "snapshotting" if self._queue else ""
+
+    def _enqueue(self, table: str) -> None:
+        if table not in self._queue:
+            self._queue.append(table)
+            self._metrics.snapshot_tables_queued.set(len(self._queue))
+
+    # --- the next window -----------------------------------------------------------------------
+
+    def _open_next(self) -> None:
+        if self.window is not None or not self._queue:
+            return
+        name = self._queue[0]
+        try:
+            table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
+        except KeyError:
+            log.warning(
+                "table left the publication; its snapshot is dropped", extra={"table": name}
+            )
+            self._queue.pop(0)
+            self.states.pop(name, None)
+            self._open_next()
+            return
+        state = self.states.get(name) or requested(name, 0)
+        self.states[name] = state
+        if name not in self._progress:
+            estimate = self._sql.run(lambda conn: catalog.estimate_rows(conn, table.oid))
+            self._progress[name] = _Progress(estimate=estimate, rows=state.rows)
+            self._metrics.snapshot_rows_estimate.labels(name).set(estimate)
+            log.info(
+                "snapshot started" if state.status == PENDING else "snapshot resumed",
+                extra={"table": name, "estimated_rows": estimate, "rows_done": state.rows},
+            )
+        # A table without a usable key is read whole in one window (its rows can't be told
+        # apart by key, so they are matched whole against changes streamed in between).
+        limit = 2**62
+        if table.chunk_key:
+            per_row = self._row_bytes.get(name)
+            by_bytes = int(self._chunk_bytes / per_row) if per_row else self._chunk_rows
+            limit = max(1, min(self._chunk_rows, by_bytes))
+        self.window = Window(
+            table=table, cursor=state.cursor if table.chunk_key else None, limit=limit
+        )
+        if self._reader is None:
+            self._reader = ChunkReader(self._dsn)
+        self._reader.submit(self.window)
+
+    # --- the stream ----------------------------------------------------------------------------
+
+    def on_message(self, prefix: str, content: bytes, lsn: int, in_tx: bool) -> bool:
+        """A logical decoding message; True when it was ours (never published)."""
+        if prefix == WATERMARK_PREFIX:
+            parsed = parse_watermark(content)
+            window = self.window
+            if parsed is None or window is None or parsed[0] != window.id:
+                return True  # a previous run's or a retried window's watermark
+            if parsed[1] is Mark.LOW:
+                window.opened = True
+                if not window.table.chunk_key and in_tx:
+                    route = self._sink.snapshot_route(window.table, lsn)
+                    self._sink.emit_snapshot_truncate(route, lsn)
+            elif in_tx:
+                self._at_high_watermark(window, lsn)
+            return True
+        if prefix == SIGNAL_PREFIX:
+            self._on_signal(content, lsn)
+            return True
+        return prefix.startswith("walbridge.")
+
+    def on_truncate(self, collection: str) -> None:
+        w = self.window
+        if w is not None and w.opened and w.table.collection == collection:
+            w.truncated = True
+
+    def on_relation(self, relation: Any) -> None:
+        """A Relation message: pgoutput sends one before a table's first change in a session
+        and after its shape changed; only a shape other than the one read matters."""
+        w = self.window
+        if w is None or relation.relation_id != w.table.oid:
+            return
+
+        def shape(columns: Iterable[Any]) -> list[tuple[str, int, int]]:
+            return [(c.name, c.type_oid, c.type_modifier) for c in columns]
+
+        if shape(relation.columns) != shape(w.table.columns):
+            w.reshaped = True  # the rows read may not match the new shape: read them again
+
+    def _at_high_watermark(self, window: Window, lsn: int) -> None:
+        window.ready.wait()
+        if window.error is not None:
+            raise window.error
+        name = window.table.collection
+        if window.lines:
+            self._row_bytes[name] = window.bytes_read / len(window.lines)
+        outcome = window.outcome()
+        rows = 0
+        if outcome is Outcome.PUBLISHED:
+            route = self._sink.snapshot_route(window.table, lsn)
+            codec = route.shape.codec
+            if tuple(c.name for c in codec.columns) != window.table.column_names:
+                outcome = Outcome.REDO  # the stream's shape is not the one read
+            else:
+                rows = self._publish(window, route, codec, lsn)
+        self._published_in_tx = (window, rows, lsn) if outcome is not Outcome.REDO else None
+        self.window = None
+        if outcome is Outcome.REDO:
+            log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
+        else:
+            self._advance(window, rows)
+        self._open_next()
+
+    def _publish(self, window: Window, route: Any, codec: Any, lsn: int) -> int:
+        ncols = len(window.table.columns)
+        encode = codec.encode_row_key
+        keyed = route.shape.keyed
+        kept: list[tuple[bytes, bytes | None]] = []
+        changed = window.changed
+        dropped = 0
+        for line in window.lines:
+            row, _toast, key = encode(tuple_data(line, ncols), lsn)
+            match = key if keyed else row
+            if match in changed:
+                dropped += 1
+                if not keyed:
+                    changed.discard(match)  # one streamed insert matches one read row
+                continue
+            kept.append((row, key))
+        final = not window.more
+        last_at = len(kept) - 1 if final else -1
+        for i, (row, key) in enumerate(kept):
+            self._sink.emit_read(route, row, key, i == last_at, lsn)
+        progress = self._progress[window.table.collection]
+        progress.rows += len(kept)
+        progress.dropped += dropped
+        self._metrics.snapshot_rows.labels(window.table.collection).inc(len(kept))
+        self._metrics.snapshot_rows_dropped.labels(window.table.collection).inc(dropped)
+        return len(kept)
+
+    def _advance(self, window: Window, rows: int) -> None:
+        name = window.table.collection
+        done = not window.more
+        state = self.states[name].advanced(window.cursor_after, rows, done)
+        self.states[name] = state
+        if done:
+            self._queue.remove(name)
+            self._metrics.snapshot_tables_queued.set(len(self._queue))
+            progress = self._progress.pop(name)
+            log.info(
+                "snapshot done",
+                extra={
+                    "table": name,
+                    "rows": state.rows,
+                    "dropped_by_watermark": progress.dropped,
+                    "seconds": round(time.monotonic() - progress.started, 1),
+                },
+            )
+        self._pending_state = state
+
+    def on_commit(self, commit_lsn: int) -> None:
+        """The transaction that carried a high watermark committed: its state record waits
+        until Kafka has acknowledged the transaction."""
+        if self._published_in_tx is not None and self._pending_state is not None:
+            self._unconfirmed.append((commit_lsn, self._pending_state))
+            self._published_in_tx = None
+
+    def on_confirmed(self, lsn: int) -> None:
+        while self._unconfirmed and self._unconfirmed[0][0] <= lsn:
+            _, state = self._unconfirmed.pop(0)
+            self._sink.write_state(state)
+
+    def _on_signal(self, content: bytes, lsn: int) -> None:
+        try:
+            doc = json.loads(content)
+            tables = doc["snapshot"]
+            if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+                raise TypeError("'snapshot' must be a list of \"schema.table\" strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error(
+                "signal ignored: not understood",
+                extra={
+                    "lsn": format_lsn(lsn),
+                    "content": content[:200].decode(errors="replace"),
+                    "error": str(exc),
+                },
+            )
+            return
+        published = self._sql.run(lambda conn: catalog.published(conn, self._publication))
+        for table in tables:
+            if table not in published:
+                log.error(
+                    "signal names a table the publication does not send; ignored",
+                    extra={
+                        "table": table,
+                        "lsn": format_lsn(lsn),
+                        "publication": self._publication,
+                    },
+                )
+                continue
+            previous = self.states.get(table)
+            if previous is not None and previous.requested_lsn >= lsn:
+                continue  # the same signal, resent after a restart
+            if previous is not None and previous.status != DONE and table in self._queue:
+                continue  # already under way
+            self.states[table] = requested(table, lsn)
+            self._sink.write_state(self.states[table])
+            log.info("snapshot requested", extra={"table": table, "lsn": format_lsn(lsn)})
+            self._enqueue(table)
+        self._open_next()
+
+    # --- periodic ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """From the pipeline's idle and commit paths: reader failures, progress, new tables."""
+        w = self.window
+        if w is not None and w.error is not None and w.ready.is_set():
+            raise w.error
+        now = time.monotonic()
+        if now >= self._next_progress_log:
+            self._next_progress_log = now + _PROGRESS_EVERY_S
+            self._report_progress()
+        if self._auto and now >= self._next_table_check:
+            self._next_table_check = now + _NEW_TABLES_EVERY_S
+            self._check_new_tables()
+        if self.window is None and self._queue:
+            self._open_next()
+
+    def _report_progress(self) -> None:
+        for name, p in self._progress.items():
+            eta = p.eta_s()
+            self._metrics.snapshot_eta_seconds.labels(name).set(-1 if eta is None else eta)
+            log.info(
+                "snapshot progress",
+                extra={
+                    "table": name,
+                    "rows": p.rows,
+                    "estimated_rows": p.estimate,
+                    "rows_per_s": round(p.rate()),
+                    "eta_s": None if eta is None else round(eta),
+                },
+            )
+
+    def _check_new_tables(self) -> None:
+        try:
+            published = self._sql.run(lambda conn: catalog.published(conn, self._publication))
+        except psycopg.Error as exc:
+            log.warning("could not list the publication's tables", extra={"error": str(exc)})
+            return
+        for table in sorted(set(published) - self._known):
+            self._known.add(table)
+            if table in self.states and self.states[table].status != DONE:
+                continue
+            self.states[table] = requested(table, 0)
+            self._sink.write_state(self.states[table])
+            log.info("table added to the publication; snapshot queued", extra={"table": table})
+            self._enqueue(table)
+
+    def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None

@@ -1,0 +1,152 @@
+"""The snapshot reader: a thread with its own SQL connection that reads one chunk at a time
+between two watermarks. It decides nothing: the pipeline's thread hands it a Window and
+reads the outcome from the stream."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from producer.errors import SnapshotError
+from producer.replication.dsn import WALSENDER_OUTPUT_OPTIONS, redact_dsn, sql_conninfo
+from producer.snapshot.chunk_sql import chunk_copy, whole_copy
+from producer.snapshot.copy_text import fields, split_lines
+from producer.snapshot.watermarks import WATERMARK_PREFIX, Mark, Window, watermark_content
+
+log = logging.getLogger(__name__)
+
+_EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
+_RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
+
+
+def reader_conninfo(dsn: str) -> str:
+    """A SQL session whose text output matches the walsender's (copy_text says why)."""
+    info = sql_conninfo(dsn, application_name="walbridge_snapshot", connect_timeout=10)
+    params = psycopg.conninfo.conninfo_to_dict(info)
+    params["client_encoding"] = "UTF8"
+    params["options"] = f"{params.get('options', '')} {WALSENDER_OUTPUT_OPTIONS}".strip()
+    return psycopg.conninfo.make_conninfo("", **params)
+
+
+class ChunkReader:
+    """``submit(window)``: emit the low watermark, read the chunk, mark it ready, emit the high
+    watermark. A lost connection is retried with backoff under a new window id (a half-done
+    window's watermarks, if any reached the WAL, are then ignored as stale)."""
+
+    def __init__(self, dsn: str) -> None:
+        self._conninfo = reader_conninfo(dsn)
+        self._redacted = redact_dsn(dsn)
+        self._requests: queue.Queue[Window | None] = queue.Queue(maxsize=1)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name="walbridge-snapshot", daemon=True)
+        self._thread.start()
+
+    def submit(self, window: Window) -> None:
+        self._requests.put(window)
+
+    def stop(self) -> None:
+        self._requests.put(None)
+        self._thread.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+        return self._conn
+
+    def _loop(self) -> None:
+        while True:
+            window = self._requests.get()
+            if window is None:
+                return
+            try:
+                self._read_with_retries(window)
+            except Exception as exc:  # reported to the pipeline's thread, which raises it
+                window.error = SnapshotError(
+                    window.table.collection, window.cursor, f"{type(exc).__name__}: {exc}"
+                )
+                window.error.__cause__ = exc
+            finally:
+                window.ready.set()
+
+    def _read_with_retries(self, window: Window) -> None:
+        for attempt, delay in enumerate((*_RETRY_S, None), start=1):
+            try:
+                if window.ready.is_set():
+                    # Failed after the rows were read: only the high watermark is missing (or
+                    # was committed and its answer lost; a second one is then ignored).
+                    self._emit(window, Mark.HIGH)
+                else:
+                    self._read(window)
+                return
+            except psycopg.OperationalError as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                if delay is None:
+                    raise
+                log.warning(
+                    "snapshot read failed; retrying",
+                    extra={
+                        "table": window.table.collection,
+                        "attempt": attempt,
+                        "error": str(exc),
+                        "dsn": self._redacted,
+                    },
+                )
+                time.sleep(delay)
+                window.lines.clear()
+
+    def _emit(self, window: Window, mark: Mark) -> None:
+        self._connection().execute(_EMIT, (WATERMARK_PREFIX, watermark_content(window.id, mark)))
+
+    def _read(self, window: Window) -> None:
+        conn = self._connection()
+        table = window.table
+        self._emit(window, Mark.LOW)
+        if table.chunk_key:
+            query = chunk_copy(
+                table.schema,
+                table.name,
+                table.column_names,
+                table.chunk_key,
+                window.cursor,
+                window.limit + 1,  # one more: is there anything after this chunk?
+            )
+        else:
+            query = whole_copy(table.schema, table.name, table.column_names)
+        blocks: list[bytes] = []
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            for block in copy:
+                blocks.append(bytes(block))
+        data = b"".join(blocks)
+        lines = split_lines(data)
+        window.more = len(lines) > window.limit
+        if window.more:
+            lines.pop()
+        window.lines = lines
+        window.bytes_read = len(data)
+        if lines and table.chunk_key:
+            window.cursor_after = _key_text(window, lines[-1])
+        # Ready before the high watermark is committed: the stream can't reach it earlier.
+        window.ready.set()
+        self._emit(window, Mark.HIGH)
+
+
+def _key_text(window: Window, line: bytes) -> tuple[str, ...]:
+    names = window.table.column_names
+    values = fields(line, len(names))
+    by_name = dict(zip(names, values, strict=True))
+    out = []
+    for k in window.table.chunk_key:
+        v = by_name[k]
+        if v is None:  # a key column is NOT NULL; a NULL here means the catalog lied
+            raise ValueError(f"{window.table.collection}: NULL in key column {k!r}")
+        out.append(v.decode())
+    return tuple(out)

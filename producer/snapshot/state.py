@@ -1,0 +1,114 @@
+"""Where a snapshot resumes: one record per table in the compacted ``<prefix>.snapshot`` topic.
+
+Kafka, not the source database: the producer needs no write access to PostgreSQL, and the
+record is only written once everything it covers is acknowledged by Kafka (the chunk's
+transaction is confirmed), so after kill -9 the snapshot resumes from the last chunk Kafka
+holds, and only rows already sent can be sent again (as ``r`` events, which every reader
+dedups by key). The record format is internal (JSON, versioned), not part of the event
+contract.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION: Final = 1
+PENDING: Final = "pending"  # asked for, no chunk published yet
+RUNNING: Final = "running"
+DONE: Final = "done"
+
+
+@dataclass(frozen=True)
+class TableState:
+    table: str  # schema.table
+    status: str
+    cursor: tuple[str, ...] | None = None  # the last published row's key text
+    rows: int = 0  # rows published (after the watermark dedup)
+    chunks: int = 0
+    requested_lsn: int = 0  # the signal (or slot creation) that asked for it
+    started_ms: int = 0
+
+    def advanced(self, cursor: tuple[str, ...] | None, rows: int, done: bool) -> TableState:
+        return replace(
+            self,
+            status=DONE if done else RUNNING,
+            cursor=cursor if cursor is not None else self.cursor,
+            rows=self.rows + rows,
+            chunks=self.chunks + 1,
+        )
+
+    def encode(self) -> bytes:
+        doc = asdict(self)
+        doc["cursor"] = None if self.cursor is None else list(self.cursor)
+        doc["v"] = FORMAT_VERSION
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> TableState:
+        doc = json.loads(raw)
+        if doc.pop("v", None) != FORMAT_VERSION:
+            raise ValueError(f"snapshot state record of an unknown format: {raw[:200]!r}")
+        cursor = doc.get("cursor")
+        doc["cursor"] = None if cursor is None else tuple(cursor)
+        return cls(**doc)
+
+
+def requested(table: str, lsn: int) -> TableState:
+    return TableState(table, PENDING, requested_lsn=lsn, started_ms=time.time_ns() // 1_000_000)
+
+
+def load(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> dict[str, TableState]:
+    """Every table's latest record (the topic read from its start to its end)."""
+    from confluent_kafka import (
+        OFFSET_BEGINNING,
+        Consumer,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
+
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": f"walbridge-snapshot-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    states: dict[str, TableState] = {}
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        if high <= low:
+            return states
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} took more than {timeout_s:.0f}s")
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    break
+                raise KafkaException(error)
+            key, value, offset = msg.key(), msg.value(), msg.offset()
+            if key is not None:
+                if value is None:  # a tombstone: the table's state was removed
+                    states.pop(key.decode(), None)
+                else:
+                    states[key.decode()] = TableState.decode(value)
+            if offset is not None and offset + 1 >= high:
+                break
+    finally:
+        consumer.close()
+    return states
