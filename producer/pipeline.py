@@ -59,15 +59,14 @@ from producer.pgoutput import (
 )
 from producer.replication import ReplicationClient, ReplicationConfig
 from producer.snapshot import catalog as snapshot_catalog
-from producer.snapshot import state as snapshot_state
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
-from producer.snapshot.state import TableState
 from producer.snapshot.watermarks import INTERNAL_PREFIX
 from producer.sql_session import SqlSession
 from producer.tables import TableRoute, TableRoutes
 from producer.topics import TopicManager, TopicPolicy
 from producer.transactions import Transaction
+from schemas import snapshot_state
 from schemas.catalog import on_type_message
 from schemas.envelope import (
     heartbeat_schema,
@@ -76,6 +75,7 @@ from schemas.envelope import (
     transaction_key_schema,
     transaction_metadata_schema,
 )
+from schemas.snapshot_state import TableState
 from schemas.topics import heartbeat_topic, message_topic, snapshot_topic, transaction_topic
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder
@@ -278,6 +278,7 @@ class Pipeline:
             metrics=self.metrics,
         )
         self._snap.start(states, published, initial)
+        self.health.activity = self._snap.describe()
         if initial:
             assert self.sink is not None
             left = self.sink.flush(60.0)
@@ -287,6 +288,9 @@ class Pipeline:
         return bool(initial)
 
     # --- snapshot sink (producer.snapshot.coordinator.SnapshotSink) ----------------------------
+
+    def has_route(self, oid: int) -> bool:
+        return oid in self._routes
 
     def snapshot_route(self, table: SnapshotTable, lsn: int) -> TableRoute:
         route = self._routes.get(table.oid)
@@ -575,7 +579,7 @@ class Pipeline:
         if snap is not None:
             window = snap.window  # a snapshot chunk between its watermarks: note the change
             if window is not None and window.opened and window.table.oid == relation_id:
-                window.changed.add(row if key is None else key)
+                window.saw(row if key is None else key, bool(unchanged))
         # From here on as _emit(route, op, key, before, after, unchanged, lsn) with its
         # _produce, inlined (the hottest path: two Python calls less per event).
         count = tx.event_count
@@ -744,7 +748,7 @@ class Pipeline:
                 image = after if after is not None else before
                 seen = key if key is not None else image
                 if seen is not None:
-                    window.changed.add(seen)
+                    window.saw(seen, bool(unchanged_toast))
         if tx.event_count == 0:
             self._produce_marker(tx.begin_marker())
         total_order, data_collection_order = tx.next_order(route.table)

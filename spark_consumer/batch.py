@@ -24,7 +24,8 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from schemas.topics import TopicKind, classify, message_topic, transaction_topic
+from schemas import snapshot_state
+from schemas.topics import TopicKind, classify, message_topic, snapshot_topic, transaction_topic
 from spark_consumer import batch_values, merge, pending, progress, quarantine, summary
 from spark_consumer import envelope as E
 from spark_consumer.config import ConsumerConfig, Decoder
@@ -393,6 +394,11 @@ class BatchProcessor:
                 + (f"tx {oldest.tx_id} ({', '.join(oldest.missing)})" if oldest else "-")
             )
 
+        # Tables whose snapshot the producer has not finished: an update of a row their
+        # snapshot has not delivered yet is expected there (the snapshot row follows).
+        snapshotting = self._snapshotting()
+        step("snapshot state")
+
         # Tables are independent Delta logs: their MERGEs run side by side. A MERGE of a few
         # rows is mostly fixed latency (planning, several small jobs, the commit), so on a
         # small machine threads cut a multi-table batch to about its slowest table.
@@ -403,7 +409,12 @@ class BatchProcessor:
         ) as pool:
             futures = {
                 w.collection: pool.submit(
-                    self._apply, tables[w.topic], w, plan, before.table_versions.get(w.collection)
+                    self._apply,
+                    tables[w.topic],
+                    w,
+                    plan,
+                    before.table_versions.get(w.collection),
+                    w.collection in snapshotting,
                 )
                 for w in plan.tables
             }
@@ -436,6 +447,7 @@ class BatchProcessor:
             plan.applied_transactions,
             plan.pending_transactions,
             oldest_age,
+            sorted(snapshotting),
         )
         step("progress")
         return after, BatchReport(
@@ -453,7 +465,12 @@ class BatchProcessor:
         )
 
     def _apply(
-        self, table: _Table, work: TableWork, plan: Plan, recorded_version: int | None
+        self,
+        table: _Table,
+        work: TableWork,
+        plan: Plan,
+        recorded_version: int | None,
+        snapshotting: bool,
     ) -> int | None:
         """MERGE one table's share of the applied transactions; its Delta version, or None
         when there was nothing to do (truncates of a table the lake never had).
@@ -484,8 +501,17 @@ class BatchProcessor:
             only_distinct_inserts=work.only_distinct_inserts,
             unique_key=table.unique_key,
             recorded_version=recorded_version,
+            snapshotting=snapshotting,
         )
         return merge.apply(self.spark, tc)
+
+    def _snapshotting(self) -> frozenset[str]:
+        """The producer's unfinished snapshots, from its records in ``<prefix>.snapshot``
+        (a small compacted topic, read whole on the driver)."""
+        cfg = self.config
+        return snapshot_state.unfinished(
+            {"bootstrap.servers": cfg.kafka_bootstrap}, snapshot_topic(cfg.topic_prefix)
+        )
 
     def _save_pending(
         self,

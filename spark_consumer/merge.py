@@ -69,6 +69,10 @@ class TableChanges:
     unique_key: bool = False  # the key is a primary key or unique index at the source
     # The table's Delta version in the last progress row: None when no batch recorded it.
     recorded_version: int | None = None
+    # The producer's snapshot of the table is not done: an update keeping an unchanged TOAST
+    # value may name a row the snapshot has not delivered yet (its `r` event follows, later
+    # in commit order, and replaces the row whole).
+    snapshotting: bool = False
 
     @property
     def name(self) -> str:
@@ -360,7 +364,7 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
             _append(table, tc, collapsed.filter(F.col(E.OP) != "d"), target_cols)
             return
         source = collapsed.drop(_FIRST_OP) if may_append else collapsed
-        if toast_cols:
+        if toast_cols and not tc.snapshotting:
             _check_toast_targets(table, source, tc, toast_cols)
         _merge(table, tc, source, target_cols, toast_cols)
     finally:

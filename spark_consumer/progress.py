@@ -19,6 +19,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    ArrayType,
     DoubleType,
     LongType,
     MapType,
@@ -39,6 +40,9 @@ PROGRESS_SCHEMA = StructType(
         StructField("applied_transactions", LongType(), False),
         StructField("pending_transactions", LongType(), False),
         StructField("pending_oldest_age_s", DoubleType(), True),
+        # Tables whose snapshot the producer had not finished at this batch: from the first
+        # batch without a table here on, that table holds every row of the source.
+        StructField("snapshotting", ArrayType(StringType()), True),
     ]
 )
 
@@ -88,6 +92,7 @@ def append(
     applied_transactions: int,
     pending_transactions: int,
     pending_oldest_age_s: float | None,
+    snapshotting: list[str] | None = None,
 ) -> None:
     if not DeltaTable.isDeltaTable(spark, path):
         # Created from the schema: the literal row below does not carry its nullability.
@@ -107,6 +112,7 @@ def append(
         "applied_transactions": F.lit(applied_transactions),
         "pending_transactions": F.lit(pending_transactions),
         "pending_oldest_age_s": F.lit(pending_oldest_age_s),
+        "snapshotting": F.array(*[F.lit(t) for t in (snapshotting or [])]),
     }
     # One row of literals, built in the JVM: createDataFrame from Python rows runs its task in
     # a Python worker, and starting one (when none is up) added about a second to a batch.
@@ -116,4 +122,5 @@ def append(
     # No Delta transaction id (txnAppId) on this write: checking one reads the table's whole
     # state, which cost about 0.5 s per batch. A batch id already in this table is skipped
     # before anything is written (BatchProcessor.process), and this row is its last write.
-    row.write.format("delta").mode("append").save(path)
+    # mergeSchema: progress tables written before the snapshotting column get it added.
+    row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)

@@ -43,9 +43,13 @@ SELECT a.attname::text
  ORDER BY array_position(i.indkey::int2[], a.attnum)
 """
 _ESTIMATE = """
-SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::int8
-  FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid
- WHERE t.isleaf
+SELECT CASE WHEN c.relkind = 'p' THEN (
+         SELECT coalesce(sum(greatest(l.reltuples, 0)), 0)
+           FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid
+          WHERE t.isleaf)
+       ELSE greatest(c.reltuples, 0) END::int8
+  FROM pg_class c
+ WHERE c.oid = %s
 """
 
 

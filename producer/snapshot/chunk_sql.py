@@ -56,3 +56,28 @@ def whole_copy(schema: str, table: str, columns: Sequence[str]) -> sql.Composed:
     return sql.SQL("COPY (SELECT {columns} FROM {table}) TO STDOUT").format(
         columns=_columns(columns), table=sql.Identifier(schema, table)
     )
+
+
+def keys_copy(
+    schema: str,
+    table: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    keys: Sequence[Sequence[str]],
+) -> sql.Composed:
+    """``COPY (SELECT columns FROM table WHERE key IN (keys) ORDER BY key) TO STDOUT``: given
+    rows read again (see ``watermarks.Window.toast``)."""
+    if not key or not keys:
+        raise ValueError(f"{schema}.{table}: reading given rows needs key columns and keys")
+    wanted = sql.SQL(", ").join(
+        sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(v) for v in k)) for k in keys
+    )
+    return sql.SQL(
+        "COPY (SELECT {columns} FROM {table} WHERE ({keys}) IN ({wanted}) ORDER BY {keys}) "
+        "TO STDOUT"
+    ).format(
+        columns=_columns(columns),
+        table=sql.Identifier(schema, table),
+        keys=_columns(key),
+        wanted=wanted,
+    )

@@ -22,8 +22,7 @@ from producer.pgoutput import format_lsn
 from producer.snapshot import catalog
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.copy_text import tuple_data
-from producer.snapshot.reader import ChunkReader
-from producer.snapshot.state import DONE, PENDING, RUNNING, TableState, requested
+from producer.snapshot.reader import ChunkReader, key_text
 from producer.snapshot.watermarks import (
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
@@ -32,6 +31,7 @@ from producer.snapshot.watermarks import (
     Window,
     parse_watermark,
 )
+from schemas.snapshot_state import DONE, PENDING, RUNNING, TableState, requested
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ class SnapshotSink(Protocol):
 
     def emit_read(self, route: Any, row: bytes, key: bytes | None, last: bool, lsn: int) -> None:
         """One ``r`` event inside the current transaction."""
+
+    def has_route(self, oid: int) -> bool:
+        """Whether the table has published anything (or been described) in this run."""
 
     def emit_snapshot_truncate(self, route: Any, lsn: int) -> None:
         """A ``t`` event that starts the snapshot of a table without a key."""
@@ -94,6 +97,10 @@ class SnapshotCoordinator:
         self._chunk_bytes = chunk_bytes
         self._row_bytes: dict[str, float] = {}  # average COPY bytes per row, by table
         self._pending_state: TableState | None = None
+        self._fresh: set[str] = set()
+        # Rows to read again (their in-window change lacked an unchanged TOAST value), by
+        # table; read before anything else.
+        self._rereads: list[tuple[str, list[tuple[str, ...]]]] = []
         self._auto = auto_new_tables
         self._metrics = metrics
         self.states: dict[str, TableState] = {}
@@ -114,6 +121,7 @@ class SnapshotCoordinator:
     ) -> None:
         """``states``: the resume records; ``initial``: tables to read now (a new slot)."""
         self.states = dict(states)
+        self._fresh = set(initial)  # read by the run that created the slot
         self._known = set(published) | set(self.states)
         for table in initial:
             if table not in self.states or self.states[table].status == DONE:
@@ -134,7 +142,7 @@ class SnapshotCoordinator:
     @property
     def active(self) -> bool:
         """A snapshot is under way or queued."""
-        return bool(self._queue) or self.window is not None
+        return bool(self._queue) or bool(self._rereads) or self.window is not None
 
     def describe(self) -> str:
         if self.window is not None:
@@ -149,7 +157,16 @@ class SnapshotCoordinator:
     # --- the next window -----------------------------------------------------------------------
 
     def _open_next(self) -> None:
-        if self.window is not None or not self._queue:
+        if self.window is not None:
+            return
+        if self._rereads:
+            name, keys = self._rereads.pop(0)
+            table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
+            self.window = Window(table=table, cursor=None, limit=len(keys), keys=keys)
+            assert self._reader is not None
+            self._reader.submit(self.window)
+            return
+        if not self._queue:
             return
         name = self._queue[0]
         try:
@@ -197,7 +214,7 @@ class SnapshotCoordinator:
                 return True  # a previous run's or a retried window's watermark
             if parsed[1] is Mark.LOW:
                 window.opened = True
-                if not window.table.chunk_key and in_tx:
+                if not window.table.chunk_key and in_tx and self._may_hold_rows(window.table):
                     route = self._sink.snapshot_route(window.table, lsn)
                     self._sink.emit_snapshot_truncate(route, lsn)
             elif in_tx:
@@ -207,6 +224,12 @@ class SnapshotCoordinator:
             self._on_signal(content, lsn)
             return True
         return prefix.startswith("walbridge.")
+
+    def _may_hold_rows(self, table: SnapshotTable) -> bool:
+        """Whether readers may hold rows of the table already: not when this run created the
+        slot and has published nothing of the table (no route yet: routes are built at a
+        table's first change)."""
+        return table.collection not in self._fresh or self._sink.has_route(table.oid)
 
     def on_truncate(self, collection: str) -> None:
         w = self.window
@@ -244,7 +267,11 @@ class SnapshotCoordinator:
                 rows = self._publish(window, route, codec, lsn)
         self._published_in_tx = (window, rows, lsn) if outcome is not Outcome.REDO else None
         self.window = None
-        if outcome is Outcome.REDO:
+        if window.keys is not None:  # a re-read: no cursor to move
+            self._published_in_tx = None
+            if outcome is Outcome.REDO:
+                self._rereads.insert(0, (name, window.keys))
+        elif outcome is Outcome.REDO:
             log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
         else:
             self._advance(window, rows)
@@ -257,6 +284,7 @@ class SnapshotCoordinator:
         kept: list[tuple[bytes, bytes | None]] = []
         changed = window.changed
         dropped = 0
+        reread: list[bytes] = []
         for line in window.lines:
             row, _toast, key = encode(tuple_data(line, ncols), lsn)
             match = key if keyed else row
@@ -264,9 +292,18 @@ class SnapshotCoordinator:
                 dropped += 1
                 if not keyed:
                     changed.discard(match)  # one streamed insert matches one read row
+                elif match in window.toast:
+                    reread.append(line)
                 continue
             kept.append((row, key))
-        final = not window.more
+        if reread:
+            keys = [key_text(window.table, line) for line in reread]
+            self._rereads.append((window.table.collection, keys))
+            log.info(
+                "snapshot rows read again (changed with an unchanged TOAST value)",
+                extra={"table": window.table.collection, "rows": len(keys)},
+            )
+        final = not window.more and window.keys is None
         last_at = len(kept) - 1 if final else -1
         for i, (row, key) in enumerate(kept):
             self._sink.emit_read(route, row, key, i == last_at, lsn)

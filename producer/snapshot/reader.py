@@ -14,7 +14,8 @@ import psycopg
 
 from producer.errors import SnapshotError
 from producer.replication.dsn import WALSENDER_OUTPUT_OPTIONS, redact_dsn, sql_conninfo
-from producer.snapshot.chunk_sql import chunk_copy, whole_copy
+from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
 from producer.snapshot.copy_text import fields, split_lines
 from producer.snapshot.watermarks import WATERMARK_PREFIX, Mark, Window, watermark_content
 
@@ -110,7 +111,11 @@ class ChunkReader:
         conn = self._connection()
         table = window.table
         self._emit(window, Mark.LOW)
-        if table.chunk_key:
+        if window.keys is not None:
+            query = keys_copy(
+                table.schema, table.name, table.column_names, table.chunk_key, window.keys
+            )
+        elif table.chunk_key:
             query = chunk_copy(
                 table.schema,
                 table.name,
@@ -127,26 +132,27 @@ class ChunkReader:
                 blocks.append(bytes(block))
         data = b"".join(blocks)
         lines = split_lines(data)
-        window.more = len(lines) > window.limit
+        window.more = window.keys is None and len(lines) > window.limit
         if window.more:
             lines.pop()
         window.lines = lines
         window.bytes_read = len(data)
-        if lines and table.chunk_key:
-            window.cursor_after = _key_text(window, lines[-1])
+        if lines and table.chunk_key and window.keys is None:
+            window.cursor_after = key_text(table, lines[-1])
         # Ready before the high watermark is committed: the stream can't reach it earlier.
         window.ready.set()
         self._emit(window, Mark.HIGH)
 
 
-def _key_text(window: Window, line: bytes) -> tuple[str, ...]:
-    names = window.table.column_names
+def key_text(table: SnapshotTable, line: bytes) -> tuple[str, ...]:
+    """The chunk key's values of one COPY row, as text (the cursor, or a row to read again)."""
+    names = table.column_names
     values = fields(line, len(names))
     by_name = dict(zip(names, values, strict=True))
     out = []
-    for k in window.table.chunk_key:
+    for k in table.chunk_key:
         v = by_name[k]
         if v is None:  # a key column is NOT NULL; a NULL here means the catalog lied
-            raise ValueError(f"{window.table.collection}: NULL in key column {k!r}")
+            raise ValueError(f"{table.collection}: NULL in key column {k!r}")
         out.append(v.decode())
     return tuple(out)

@@ -66,15 +66,21 @@ class Window:
     bytes_read: int = 0
     opened: bool = False  # the stream passed the low watermark
     changed: set[bytes] = field(default_factory=set)  # keys changed since the low watermark
+    # Of those, keys whose change kept an unchanged TOAST value PostgreSQL did not send: the
+    # streamed change lacks it, so instead of dropping the row it is read again afterwards.
+    toast: set[bytes] = field(default_factory=set)
+    keys: list[tuple[str, ...]] | None = None  # read these rows again (not a range)
     truncated: bool = False
     reshaped: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 
-    def saw(self, key: bytes) -> None:
+    def saw(self, key: bytes, unchanged_toast: bool = False) -> None:
         """A change of the table's row with this (Avro-encoded) key, after the low watermark."""
         if self.opened:
             self.changed.add(key)
+            if unchanged_toast:
+                self.toast.add(key)
 
     def outcome(self) -> Outcome:
         if self.reshaped:

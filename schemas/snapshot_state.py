@@ -5,7 +5,8 @@ record is only written once everything it covers is acknowledged by Kafka (the c
 transaction is confirmed), so after kill -9 the snapshot resumes from the last chunk Kafka
 holds, and only rows already sent can be sent again (as ``r`` events, which every reader
 dedups by key). The record format is internal (JSON, versioned), not part of the event
-contract.
+contract; it lives here because the consumer reads it too: a table whose snapshot is not done
+may see updates of rows its snapshot has not delivered yet (``unfinished``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def load(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> dict[str,
     )
     states: dict[str, TableState] = {}
     try:
+        # Listing all topics, not this one: asking for one by name may auto-create it.
+        if topic not in consumer.list_topics(timeout=timeout_s).topics:
+            return states  # no producer with snapshots has run under this prefix
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
         if high <= low:
             return states
@@ -112,3 +116,8 @@ def load(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> dict[str,
     finally:
         consumer.close()
     return states
+
+
+def unfinished(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> frozenset[str]:
+    """The tables whose snapshot the producer has not finished (queued or under way)."""
+    return frozenset(t for t, s in load(conf, topic, timeout_s).items() if s.status != DONE)

@@ -1,0 +1,286 @@
+"""Snapshots through the real producer, checked in Kafka: rows that exist before the slot reach
+Kafka as ``r`` events while writes go on, a table added to a running pipeline is read with its
+hot rows changing under the chunks (the watermark dedup drops some rows and the result is still
+exact), and kill -9 in the middle of a snapshot resumes from the last chunk Kafka holds.
+
+The check replays every event of the table in (commit_lsn, total_order) order, as any reader
+of the contract would, and compares the result with PostgreSQL row by row."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.producer_harness import (
+    ProducerProcess,
+    Record,
+    Source,
+    TopicReader,
+    metric,
+    query,
+    sql,
+    unique,
+)
+
+pytestmark = pytest.mark.integration
+
+# Incompressible text over TOAST's 2 kB threshold: stored out of line.
+_TOASTED = "(SELECT string_agg(md5(g::text || '-' || k::text), '') FROM generate_series(1, 120) k)"
+
+
+def _create(dsn: str, table: str, rows: int) -> None:
+    sql(
+        dsn,
+        f"CREATE TABLE {table} (id int PRIMARY KEY, v int NOT NULL, pad text)",
+        f"INSERT INTO {table} SELECT g, 0, CASE WHEN g % 97 = 0 THEN {_TOASTED} "
+        f"ELSE 'p' || g END FROM generate_series(1, {rows}) g",
+        f"ANALYZE {table}",
+    )
+
+
+class Writer:
+    """Updates, deletes, inserts and key changes in small transactions until stopped; ``hot``
+    ids are updated far more often (the rows a chunk is likely reading right now)."""
+
+    def __init__(self, dsn: str, table: str, rows: int, hot: range | None = None) -> None:
+        self.dsn, self.table, self.rows, self.hot = dsn, table, rows, hot
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        rng = random.Random(7)
+        t = self.table
+        next_id = self.rows + 1
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    with conn.transaction():
+                        for _ in range(5):
+                            if self.hot is not None and rng.random() < 0.7:
+                                lo = rng.choice(self.hot)
+                                conn.execute(
+                                    f"UPDATE {t} SET v = v + 1 WHERE id BETWEEN %s AND %s",
+                                    (lo, lo + 20),
+                                )
+                                continue
+                            i = rng.randint(1, self.rows)
+                            roll = rng.random()
+                            if roll < 0.6:
+                                conn.execute(f"UPDATE {t} SET v = v + 1 WHERE id = %s", (i,))
+                            elif roll < 0.75:
+                                conn.execute(f"DELETE FROM {t} WHERE id = %s", (i,))
+                            elif roll < 0.9:
+                                conn.execute(f"INSERT INTO {t} VALUES (%s, 1, 'new')", (next_id,))
+                                next_id += 1
+                            else:  # a key change: delete + create downstream
+                                conn.execute(f"UPDATE {t} SET id = %s WHERE id = %s", (next_id, i))
+                                next_id += 1
+                    self.transactions += 1
+        except BaseException as exc:
+            self.error = exc
+
+
+def replay(records: list[Record], topic: str) -> dict[int, tuple[int, str | None]]:
+    """The table as the events say it is: every event once (dedup key), in commit order."""
+    events: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in records:
+        if r.topic == topic:
+            v = r.value
+            events[(v["source"]["commit_lsn"], v["transaction"]["total_order"])] = v
+    state: dict[int, tuple[int, str | None]] = {}
+    deleted: dict[int, tuple[int, str | None]] = {}
+    for _, v in sorted(events.items()):
+        if v["op"] == "t":
+            state.clear()
+        elif v["op"] == "d":
+            key = v["before"]["id"]
+            if key in state:
+                deleted[key] = state.pop(key)
+        else:
+            a = v["after"]
+            pad = a["pad"]
+            if "pad" in v["unchanged_toast"]:  # not sent: the row's current value stands,
+                # or after a key change the replaced row's (named by `before`)
+                if v["before"] is not None and v["before"]["id"] != a["id"]:
+                    pad = deleted.get(v["before"]["id"], (0, None))[1]
+                else:
+                    pad = state.get(a["id"], (0, None))[1]
+            state[a["id"]] = (a["v"], pad)
+    return state
+
+
+def read_all(bootstrap: str, registry_url: str, topic: str) -> list[Record]:
+    """Every record of the topic up to its end now (not "until quiet": a busy machine pauses)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("probe")})
+    try:
+        parts = probe.list_topics(topic, timeout=10).topics[topic].partitions
+        expect = sum(
+            high - low
+            for low, high in (
+                probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in parts
+            )
+        )
+    finally:
+        probe.close()
+    records = TopicReader(bootstrap, registry_url).read([topic], expect=expect, timeout=300)
+    assert len(records) == expect
+    return records
+
+
+def source_rows(dsn: str, table: str) -> dict[int, tuple[int, str | None]]:
+    return {i: (v, pad) for i, v, pad in query(dsn, f"SELECT id, v, pad FROM {table}")}
+
+
+def wait_snapshots_done(
+    producer: ProducerProcess, table: str, timeout: float = 300.0, runs: int = 1
+) -> None:
+    """Until the table's snapshot is done (``runs``: the how-manieth "snapshot done" line of
+    the table in the log) and nothing else is being snapshotted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [
+            line
+            for line in producer.log_path.read_text().splitlines()
+            if '"snapshot done"' in line and f'"public.{table}"' in line
+        ]
+        status, body = producer.http("/readyz")
+        if len(done) >= runs and status == 200 and "snapshotting" not in body:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"snapshot not done after {timeout}s:\n{producer.log()}")
+
+
+def assert_same(records: list[Record], topic: str, dsn: str, table: str) -> None:
+    lake, pg = replay(records, topic), source_rows(dsn, table)
+    missing = sorted(set(pg) - set(lake))[:10]
+    extra = sorted(set(lake) - set(pg))[:10]
+    differ = [k for k in pg if k in lake and lake[k] != pg[k]][:10]
+    assert not (missing or extra or differ), f"missing {missing} extra {extra} differ {differ}"
+
+
+@pytest.fixture
+def table(pg_dsn: str) -> Iterator[str]:
+    name = unique("snap")
+    yield name
+    sql(pg_dsn, f"DROP TABLE IF EXISTS {name}")
+
+
+def test_initial_snapshot_with_concurrent_writes_is_exact(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
+) -> None:
+    rows = 60_000
+    _create(pg_dsn, table, rows)
+    source = Source.create(pg_dsn, [table], "snapi")
+    producer = ProducerProcess(
+        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000
+    )
+    try:
+        with Writer(pg_dsn, table, rows) as writer:
+            producer.start()
+            wait_snapshots_done(producer, table)
+        assert writer.transactions > 20, "the writes did not overlap the snapshot"
+        source.wait_confirmed(source.current_lsn())
+        topic = f"{source.prefix}.public.{table}"
+        records = read_all(kafka_bootstrap, registry_url, topic)
+        reads = [r.value for r in records if r.value["op"] == "r"]
+        assert len(reads) >= rows * 0.9
+        assert {v["source"]["snapshot"] for v in reads} == {"true", "last"}
+        assert sum(v["source"]["snapshot"] == "last" for v in reads) == 1
+        assert all(
+            r.value["source"]["snapshot"] == "false" for r in records if r.value["op"] != "r"
+        )
+        assert_same(records, topic, pg_dsn, table)
+        assert metric(producer, "walbridge_snapshot_rows_total") == len(reads)
+    finally:
+        producer.stop()
+        source.drop()
+
+
+def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_changed_rows(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
+) -> None:
+    other = unique("snapother")
+    sql(pg_dsn, f"CREATE TABLE {other} (id int PRIMARY KEY)")
+    rows = 40_000
+    _create(pg_dsn, table, rows)
+    source = Source.create(pg_dsn, [other], "snapadd")
+    producer = ProducerProcess(
+        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=500
+    )
+    try:
+        producer.start()
+        # Every chunk of the hot range is read while its rows are being updated.
+        with Writer(pg_dsn, table, rows, hot=range(1, 20_000, 25)):
+            sql(pg_dsn, f"ALTER PUBLICATION {source.publication} ADD TABLE {table}")
+            wait_snapshots_done(producer, table)
+        source.wait_confirmed(source.current_lsn())
+        assert "table added to the publication; snapshot queued" in producer.log_path.read_text()
+        dropped = metric(producer, "walbridge_snapshot_rows_dropped_total")
+        assert dropped > 0, "no chunk row changed between its watermarks: the test proves nothing"
+        topic = f"{source.prefix}.public.{table}"
+        records = read_all(kafka_bootstrap, registry_url, topic)
+        assert_same(records, topic, pg_dsn, table)
+    finally:
+        producer.stop()
+        source.drop()
+        sql(pg_dsn, f"DROP TABLE IF EXISTS {other}")
+
+
+def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
+) -> None:
+    rows = 60_000
+    _create(pg_dsn, table, rows)
+    source = Source.create(pg_dsn, [table], "snapk")
+    settings = {"snapshot": "never", "snapshot_chunk_rows": 1000}
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
+    try:
+        producer.start()
+        with Writer(pg_dsn, table, rows) as writer:
+            sql(
+                pg_dsn,
+                "SELECT pg_logical_emit_message(true, 'walbridge.signal', "
+                f'\'{{"snapshot": ["public.{table}"]}}\')',
+            )
+            deadline = time.monotonic() + 120
+            while metric(producer, "walbridge_snapshot_rows_total") < rows / 3:
+                assert time.monotonic() < deadline, producer.log()
+                time.sleep(0.2)
+            producer.kill()  # kill -9 in the middle of the snapshot
+            before_restart = writer.transactions
+            producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
+            producer.start()
+            wait_snapshots_done(producer, table)
+            assert writer.transactions > before_restart
+        # Resumed from the last chunk Kafka holds, not restarted from the table's start.
+        full_log = producer.log_path.read_text().splitlines()
+        resumed = [json.loads(line) for line in full_log if "snapshot resumed" in line]
+        assert resumed and resumed[0]["rows_done"] >= 2000, producer.log()
+        source.wait_confirmed(source.current_lsn())
+        topic = f"{source.prefix}.public.{table}"
+        records = read_all(kafka_bootstrap, registry_url, topic)
+        assert_same(records, topic, pg_dsn, table)
+    finally:
+        producer.stop()
+        source.drop()

@@ -1,0 +1,100 @@
+"""The pure parts of snapshots: COPY text to pgoutput values, chunk SQL, watermark windows and
+the resume records."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from producer.pgoutput import Column, Value
+from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
+from producer.snapshot.copy_text import CopyFormatError, fields, split_lines, tuple_data, unescape
+from producer.snapshot.watermarks import Mark, Outcome, Window, parse_watermark, watermark_content
+from schemas.snapshot_state import DONE, RUNNING, TableState, requested
+
+
+def test_copy_escapes_are_undone_exactly() -> None:
+    assert unescape(b"a\\\\b") == b"a\\b"
+    assert unescape(b"tab\\there\\nnl\\rcr\\b\\f\\v") == b"tab\there\nnl\rcr\x08\x0c\x0b"
+    assert unescape(b"plain") == b"plain"
+    # A backslash before anything else stands for that character (COPY's rule).
+    assert unescape(b"\\x") == b"x"
+
+
+def test_fields_and_tuple_data_match_pgoutput_text_values() -> None:
+    assert fields(b"1\t\\N\tx\\ty", 3) == [b"1", None, b"x\ty"]
+    assert tuple_data(b"1\t\\N\tx\\ty", 3) == (Value(b"1", False), None, Value(b"x\ty", False))
+    # The two-character text "\N" inside a value is escaped by COPY, so it is not NULL.
+    assert tuple_data(b"\\\\N", 1) == (Value(b"\\N", False),)
+    with pytest.raises(CopyFormatError, match="2 fields, expected 3"):
+        tuple_data(b"1\t2", 3)
+
+
+def test_split_lines_needs_whole_rows() -> None:
+    assert split_lines(b"") == []
+    assert split_lines(b"a\tb\nc\td\n") == [b"a\tb", b"c\td"]
+    with pytest.raises(CopyFormatError):
+        split_lines(b"a\tb")
+
+
+def _render(composed: psycopg.sql.Composed) -> str:
+    # as_string needs a connection only for literals' encoding; a dummy one is not needed for
+    # identifiers and plain literals under psycopg's default adapters.
+    return composed.as_string(None)
+
+
+def test_chunk_sql_quotes_everything_and_walks_the_key() -> None:
+    q = _render(chunk_copy('we"ird', "t", ["id", "v x"], ["id", "v x"], None, 101))
+    assert q == (
+        'COPY (SELECT "id", "v x" FROM "we""ird"."t" ORDER BY "id", "v x" LIMIT 101) TO STDOUT'
+    )
+    q = _render(chunk_copy("s", "t", ["id", "v"], ["id"], ["42'; DROP TABLE x; --"], 10))
+    assert "WHERE (\"id\") > ('42''; DROP TABLE x; --')" in q
+    with pytest.raises(ValueError, match="needs key columns"):
+        chunk_copy("s", "t", ["a"], [], None, 10)
+    with pytest.raises(ValueError, match="does not match key"):
+        chunk_copy("s", "t", ["a", "b"], ["a", "b"], ["1"], 10)
+    assert _render(whole_copy("s", "t", ["a"])) == 'COPY (SELECT "a" FROM "s"."t") TO STDOUT'
+    q = _render(keys_copy("s", "t", ["a", "b"], ["a", "b"], [["1", "x"], ["2", "y"]]))
+    assert "WHERE (\"a\", \"b\") IN (('1', 'x'), ('2', 'y'))" in q
+
+
+def _table(key: tuple[str, ...] = ("id",)) -> SnapshotTable:
+    cols = (Column(1, "id", 23, -1, True), Column(0, "v", 25, -1, False))
+    return SnapshotTable(16384, "public", "t", "d", cols, key)
+
+
+def test_watermarks_round_trip_and_foreign_content_is_ignored() -> None:
+    w = Window(table=_table(), cursor=None, limit=10)
+    assert parse_watermark(watermark_content(w.id, Mark.HIGH).encode()) == (w.id, Mark.HIGH)
+    assert parse_watermark(b"not json") is None
+    assert parse_watermark(b'{"window": "x", "mark": "sideways"}') is None
+
+
+def test_window_drops_only_rows_changed_after_the_low_watermark() -> None:
+    w = Window(table=_table(), cursor=None, limit=10)
+    w.saw(b"k1")  # before the low watermark: the chunk's row is newer; keep it
+    assert w.keep(b"k1")
+    w.opened = True
+    w.saw(b"k2")
+    w.saw(b"k3", unchanged_toast=True)
+    assert not w.keep(b"k2") and not w.keep(b"k3") and w.keep(b"k1")
+    assert w.toast == {b"k3"}
+    assert w.outcome() is Outcome.PUBLISHED
+    w.truncated = True
+    assert w.outcome() is Outcome.TRUNCATED
+    w.reshaped = True
+    assert w.outcome() is Outcome.REDO
+
+
+def test_state_records_round_trip_and_advance() -> None:
+    s = requested("public.t", 1234)
+    assert TableState.decode(s.encode()) == s
+    s2 = s.advanced(("42",), 100, done=False)
+    assert (s2.status, s2.cursor, s2.rows, s2.chunks) == (RUNNING, ("42",), 100, 1)
+    s3 = s2.advanced(None, 5, done=True)
+    assert (s3.status, s3.cursor, s3.rows) == (DONE, ("42",), 105)
+    assert TableState.decode(s3.encode()) == s3
+    with pytest.raises(ValueError, match="unknown format"):
+        TableState.decode(b'{"v": 99, "table": "x", "status": "done"}')
