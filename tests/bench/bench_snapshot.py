@@ -1,0 +1,159 @@
+"""Benchmark: snapshot rows/s into Kafka (acknowledged) and the producer's peak memory while
+it snapshots, each against a baseline measured in the same run.
+
+Run (needs the local stack; ~5 minutes for 5M rows on 2 cores):
+
+    .walbridge/venv/bin/python tests/bench/bench_snapshot.py [--rows 5000000]
+
+The table is the 8-column table of bench_replication.py, filled before any slot exists. The
+snapshot is ``python -m producer run --snapshot initial-only`` on a new slot: it reads every
+row in key-ordered chunks, publishes them, and exits once Kafka acknowledged all of them, so
+its time is rows into Kafka, acknowledged. Baselines, in the same run:
+
+- rows/s: ``COPY (SELECT * FROM table) TO STDOUT`` read to nowhere through psycopg (what
+  PostgreSQL and the client library need to hand the rows over at all); target ratio >= 0.6;
+- memory: the same producer command on an empty table (its idle peak RSS); target ratio < 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_producer import stack_env
+from bench_replication import generate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def create_table(db: psycopg.Connection, schema: str, publication: str) -> None:
+    table = sql.Identifier(schema, "rows")
+    mood = sql.Identifier(schema, "mood")
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    db.execute(sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(mood))
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
+            " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
+        ).format(table, mood)
+    )
+    db.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(publication), table)
+    )
+
+
+def time_copy(dsn: str, schema: str) -> float:
+    query = sql.SQL("COPY (SELECT * FROM {}) TO STDOUT").format(sql.Identifier(schema, "rows"))
+    with psycopg.connect(dsn) as db, db.cursor() as cur:
+        began = time.perf_counter()
+        with cur.copy(query) as copy:
+            for _block in copy:
+                pass
+        return time.perf_counter() - began
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0
+    match = re.search(r"VmRSS:\s+(\d+) kB", status)
+    return int(match.group(1)) if match else 0
+
+
+def run_snapshot(env: dict[str, str], schema: str, publication: str) -> tuple[float, float, int]:
+    """(seconds from start to exit, seconds from "snapshot started" to "snapshot done", peak
+    RSS kB sampled every 50 ms)."""
+    tag = uuid.uuid4().hex[:8]
+    slot = f"benchs_{tag}"
+    child_env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
+        | env
+        | {
+            "WALBRIDGE_SLOT": slot,
+            "WALBRIDGE_PUBLICATION": publication,
+            "WALBRIDGE_TOPIC_PREFIX": f"benchs{tag}",
+            "WALBRIDGE_METRICS_PORT": "0",
+            "WALBRIDGE_HEARTBEAT_INTERVAL_S": "0",
+            "WALBRIDGE_SNAPSHOT": "initial-only",
+        }
+    )
+    log = Path(f"/tmp/bench_snapshot_{tag}.log")
+    began = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer", "run"], cwd=ROOT, env=child_env, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _rss_kb(proc.pid))
+            time.sleep(0.05)
+    seconds = time.perf_counter() - began
+    try:
+        if proc.returncode != 0:
+            sys.exit(f"producer exited {proc.returncode}; see {log}")
+        text = log.read_text()
+        stamps = [
+            time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2))
+            for m in re.finditer(
+                r'"ts": "(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)[^"]*", [^\n]*"snapshot (?:started|done)"',
+                text,
+            )
+        ]
+        snapshot_s = stamps[-1] - stamps[0] if len(stamps) >= 2 else seconds
+        return seconds, snapshot_s, peak
+    finally:
+        with psycopg.connect(env["WALBRIDGE_PG_DSN"], autocommit=True) as db:
+            db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    args = parser.parse_args()
+    env = stack_env()
+    dsn = env["WALBRIDGE_PG_DSN"]
+    tag = uuid.uuid4().hex[:8]
+    schema, empty = f"benchs_{tag}", f"benchs_empty_{tag}"
+    with psycopg.connect(dsn, autocommit=True) as db:
+        try:
+            create_table(db, schema, f"{schema}_pub")
+            create_table(db, empty, f"{empty}_pub")
+            began = time.perf_counter()
+            generate(db, schema, args.rows, 100_000)
+            db.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "rows")))
+            print(f"generated {args.rows:,} rows in {time.perf_counter() - began:.1f}s")
+            copy_s = time_copy(dsn, schema)
+            print(f"COPY to nowhere:          {copy_s:7.1f}s  {args.rows / copy_s:>10,.0f} rows/s")
+            total_s, snap_s, peak_kb = run_snapshot(env, schema, f"{schema}_pub")
+            print(
+                f"snapshot into Kafka:      {snap_s:7.1f}s  {args.rows / snap_s:>10,.0f} rows/s"
+                f"  (process start to exit {total_s:.1f}s)"
+            )
+            _, _, idle_kb = run_snapshot(env, empty, f"{empty}_pub")
+            print(f"ratio rows/s snapshot/COPY: {copy_s / snap_s:.2f} (target >= 0.6)")
+            print(
+                f"peak RSS: {peak_kb / 1024:.0f} MB snapshotting, {idle_kb / 1024:.0f} MB idle;"
+                f" ratio {peak_kb / idle_kb:.2f} (target < 2)"
+            )
+        finally:
+            for s in (schema, empty):
+                db.execute(
+                    sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(f"{s}_pub"))
+                )
+                db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(s)))
+
+
+if __name__ == "__main__":
+    main()
