@@ -1,4 +1,5 @@
-"""``python -m producer run [flags]`` / ``walbridge-producer [run] [flags]``.
+"""``python -m producer run [flags]`` / ``walbridge-producer [run] [flags]``;
+``walbridge-producer snapshot schema.table ...`` asks a running producer to read tables.
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for a configuration error, 1 when the
 pipeline stopped on a failure (nothing past the failure was confirmed to PostgreSQL).
@@ -28,6 +29,10 @@ log = logging.getLogger("producer")
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "snapshot":
+        from producer.snapshot.signal import main as request_snapshot
+
+        return request_snapshot(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     try:

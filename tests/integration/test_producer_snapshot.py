@@ -9,7 +9,10 @@ of the contract would, and compares the result with PostgreSQL row by row."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -258,11 +261,16 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
     try:
         producer.start()
         with Writer(pg_dsn, table, rows) as writer:
-            sql(
-                pg_dsn,
-                "SELECT pg_logical_emit_message(true, 'walbridge.signal', "
-                f'\'{{"snapshot": ["public.{table}"]}}\')',
+            # The CLI sends the signal (pg_logical_emit_message(true, 'walbridge.signal', ...)).
+            asked = subprocess.run(
+                [sys.executable, "-m", "producer", "snapshot", f"public.{table}"],
+                env={**os.environ, "WALBRIDGE_PG_DSN": pg_dsn},
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
+            assert asked.returncode == 0, asked.stderr
+            assert f"snapshot requested for public.{table}" in asked.stdout
             deadline = time.monotonic() + 120
             while metric(producer, "walbridge_snapshot_rows_total") < rows / 3:
                 assert time.monotonic() < deadline, producer.log()
