@@ -118,6 +118,14 @@ def load(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> dict[str,
     return states
 
 
-def unfinished(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> frozenset[str]:
-    """The tables whose snapshot the producer has not finished (queued or under way)."""
-    return frozenset(t for t, s in load(conf, topic, timeout_s).items() if s.status != DONE)
+def follow(before: frozenset[str], records: list[tuple[bytes, bytes | None]]) -> frozenset[str]:
+    """The tables being snapshotted after ``records`` (key, value; in offset order) of the
+    snapshot topic, given those being snapshotted before them."""
+    out = set(before)
+    for key, value in records:
+        table = key.decode()
+        if value is None or TableState.decode(value).status == DONE:
+            out.discard(table)
+        else:
+            out.add(table)
+    return frozenset(out)

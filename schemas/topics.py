@@ -47,9 +47,10 @@ def subscribe_pattern(prefix: str) -> str:
     r"""Java regex for Kafka's subscribePattern: data topics and the transaction topic.
 
     ``\Q..\E`` quotes the prefix literally (it may hold dots or dashes); heartbeat and message
-    topics, and the producer's snapshot records, are left out: nothing in them is applied.
+    topics are left out because nothing in them is applied; the producer's snapshot records
+    are read (the consumer follows which tables are being snapshotted).
     """
-    return rf"\Q{prefix}\E\.(?!heartbeat$|message$|snapshot$).+"
+    return rf"\Q{prefix}\E\.(?!heartbeat$|message$).+"
 
 
 def classify(prefix: str, topic: str) -> TopicKind:

@@ -236,7 +236,9 @@ class BatchProcessor:
             uv, uk = sorted(unknown_vids) or [-1], sorted(unknown_kids) or [-1]
             tx_topic = F.col("topic") == transaction_topic(prefix)
             reject = (
-                F.when(F.col("_vid").isNull(), "value is not Confluent-framed Avro")
+                # The producer's snapshot records are JSON (internal), never Avro.
+                F.when(F.col("topic") == snapshot_topic(prefix), F.lit(None))
+                .when(F.col("_vid").isNull(), "value is not Confluent-framed Avro")
                 .when(F.col("_vid").isin(uv), F.format_string("unknown value schema id %d", "_vid"))
                 .when(
                     ~tx_topic & F.col("key").isNotNull() & F.col("_kid").isNull(),
@@ -396,7 +398,7 @@ class BatchProcessor:
 
         # Tables whose snapshot the producer has not finished: an update of a row their
         # snapshot has not delivered yet is expected there (the snapshot row follows).
-        snapshotting = self._snapshotting()
+        snapshotting = self._snapshotting(raw, framing, before)
         step("snapshot state")
 
         # Tables are independent Delta logs: their MERGEs run side by side. A MERGE of a few
@@ -438,6 +440,7 @@ class BatchProcessor:
             table_versions=versions,
             kafka_offsets=progress.merge_offsets(before.kafka_offsets, framing.offsets),
             pending_version=pending_version,
+            snapshotting=snapshotting,
         )
         progress.append(
             self.spark,
@@ -505,12 +508,24 @@ class BatchProcessor:
         )
         return merge.apply(self.spark, tc)
 
-    def _snapshotting(self) -> frozenset[str]:
-        """The producer's unfinished snapshots, from its records in ``<prefix>.snapshot``
-        (a small compacted topic, read whole on the driver)."""
-        cfg = self.config
-        return snapshot_state.unfinished(
-            {"bootstrap.servers": cfg.kafka_bootstrap}, snapshot_topic(cfg.topic_prefix)
+    def _snapshotting(
+        self, raw: DataFrame, framing: _Framing, before: progress.Progress
+    ) -> frozenset[str]:
+        """The producer's unfinished snapshots: the last progress row's, updated by this
+        batch's records of ``<prefix>.snapshot`` (one per chunk: a few per batch, collected
+        only when the batch has any)."""
+        topic = snapshot_topic(self.config.topic_prefix)
+        if not any(t == topic for t, _p, _o in framing.offsets):
+            return before.snapshotting
+        rows = (
+            raw.filter(F.col("topic") == topic)
+            .select("key", "value", "partition", "offset")
+            .orderBy("partition", "offset")
+            .collect()
+        )
+        return snapshot_state.follow(
+            before.snapshotting,
+            [(bytes(r["key"]), None if r["value"] is None else bytes(r["value"])) for r in rows],
         )
 
     def _save_pending(

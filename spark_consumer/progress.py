@@ -56,6 +56,7 @@ class Progress:
     table_versions: dict[str, int] = field(default_factory=dict)
     kafka_offsets: dict[str, dict[str, int]] = field(default_factory=dict)
     pending_version: int | None = None
+    snapshotting: frozenset[str] = frozenset()  # tables whose snapshot is not done
 
 
 def latest(spark: SparkSession, path: str) -> Progress:
@@ -70,6 +71,8 @@ def latest(spark: SparkSession, path: str) -> Progress:
         table_versions=dict(row["table_versions"]),
         kafka_offsets=json.loads(row["kafka_offsets"]),
         pending_version=row["pending_version"],
+        # Absent from progress tables written before contract version 2.
+        snapshotting=frozenset(row.asDict().get("snapshotting") or ()),
     )
 
 

@@ -90,6 +90,8 @@ def test_topics() -> None:
     assert re.fullmatch(py, "my-db.x.transaction")
     assert not re.fullmatch(py, "my-db.x.heartbeat")
     assert not re.fullmatch(py, "my-db.x.message")
+    assert re.fullmatch(py, "my-db.x.snapshot")  # followed: which tables are being snapshotted
+    assert classify("db", "db.snapshot") is TopicKind.SNAPSHOT
     assert not re.fullmatch(py, "my-dbXx.public.orders")
     assert classify("db", "db.transaction") is TopicKind.TRANSACTION
     assert classify("db", "db.public.t") is TopicKind.DATA

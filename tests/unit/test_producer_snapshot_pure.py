@@ -11,7 +11,7 @@ from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
 from producer.snapshot.copy_text import CopyFormatError, fields, split_lines, tuple_data, unescape
 from producer.snapshot.watermarks import Mark, Outcome, Window, parse_watermark, watermark_content
-from schemas.snapshot_state import DONE, RUNNING, TableState, requested
+from schemas.snapshot_state import DONE, RUNNING, TableState, follow, requested
 
 
 def test_copy_escapes_are_undone_exactly() -> None:
@@ -98,3 +98,12 @@ def test_state_records_round_trip_and_advance() -> None:
     assert TableState.decode(s3.encode()) == s3
     with pytest.raises(ValueError, match="unknown format"):
         TableState.decode(b'{"v": 99, "table": "x", "status": "done"}')
+
+
+def test_the_consumer_follows_unfinished_snapshots_from_the_records() -> None:
+    a, b = requested("public.a", 1), requested("public.b", 2)
+    records = [(b"public.a", a.encode()), (b"public.b", b.encode())]
+    assert follow(frozenset({"public.old"}), records) == {"public.old", "public.a", "public.b"}
+    done = a.advanced(("9",), 10, done=True)
+    later = [(b"public.a", done.encode()), (b"public.old", None)]  # done; a tombstone
+    assert follow(frozenset({"public.old", "public.a", "public.b"}), later) == {"public.b"}
