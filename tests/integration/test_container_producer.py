@@ -80,6 +80,7 @@ def test_producer_image_streams_to_the_local_stack(
         "WALBRIDGE_TOPIC_PREFIX": source.prefix,
         "WALBRIDGE_METRICS_PORT": str(port),
         "WALBRIDGE_IDLE_AFTER_S": "0.5",
+        "WALBRIDGE_SNAPSHOT": "never",  # counts exact streamed events
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")} | settings
     env_args = [arg for key in settings for arg in ("--env", key)]
