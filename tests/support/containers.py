@@ -8,6 +8,7 @@ run on. Both tools share the image store under $WALBRIDGE_HOME/containers.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import resource
 import subprocess
@@ -27,13 +28,20 @@ def store() -> Path:
     return home / "containers"
 
 
+def runroot(store_path: Path) -> str:
+    """The run root deploy/container/build uses for this store: a short path under /tmp
+    (podman refuses one longer than 50 characters), named after the resolved store path."""
+    digest = hashlib.sha1(str(store_path).encode()).hexdigest()[:12]
+    return f"/tmp/walbridge-{digest}"
+
+
 def podman(
     *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """`podman` on the build script's image store; the caller checks the exit status."""
     root = store()
     command = [
-        "podman", "--root", str(root / "storage"), "--runroot", str(root / "runroot"),
+        "podman", "--root", str(root / "storage"), "--runroot", runroot(root),
         "--storage-driver", "vfs", *args,
     ]  # fmt: skip
     return subprocess.run(command, env=env, text=True, capture_output=True, timeout=timeout)
