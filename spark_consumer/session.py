@@ -12,7 +12,10 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
+
+from spark_consumer import object_store
 
 SCALA_BINARY = "2.13"
 
@@ -68,7 +71,6 @@ def build_session(
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master or os.environ.get("WALBRIDGE_SPARK_MASTER", "local[2]"))
-        .config("spark.jars.packages", ",".join(maven_packages()))
         .config("spark.jars.ivy", str(ivy))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
@@ -98,6 +100,14 @@ def build_session(
         # 1000 entries, 11-14 s. Both code heaps and metaspace stayed the same size.
         .config("spark.sql.codegen.cache.maxEntries", "1000")
     )
+    packages = maven_packages()
+    if object_store.uses_s3a(os.environ):
+        jars = Path(pyspark.__file__).resolve().parent / "jars"
+        if not object_store.ships_s3a(jars):  # the consumer image has it in Spark's jars
+            packages.append(object_store.s3a_package(object_store.hadoop_version(jars)))
+        for key, value in object_store.s3a_conf(os.environ).items():
+            builder = builder.config(key, value)
+    builder = builder.config("spark.jars.packages", ",".join(packages))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
