@@ -46,6 +46,8 @@ LOCAL_STACK: Final = frozenset({
     # `stack up spark s3`; `stack env` prints the bucket for the tools that write to it
     "WALBRIDGE_SPARK_PORT", "WALBRIDGE_SPARK_WORKER_MEMORY", "WALBRIDGE_S3_PORT",
     "WALBRIDGE_S3_BUCKET",
+    # `WALBRIDGE_KAFKA_BROKERS=3 stack up`: a three-broker KRaft cluster
+    "WALBRIDGE_KAFKA_BROKERS",
 })  # fmt: skip
 
 ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK
