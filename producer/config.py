@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from producer.errors import ConfigError
 from schemas import settings
+from schemas.topics import TopicNameError, check_prefix
 
 ENV_PREFIX: Final = "WALBRIDGE_"
 COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -108,6 +109,11 @@ class ProducerConfig:
                 f"idle_after_s ({self.idle_after_s}) must not exceed status_interval_s ({self.status_interval_s})"
             )
         parse_kafka_config(self.kafka_config)
+        if self.topic_prefix:
+            try:
+                check_prefix(self.topic_prefix)
+            except TopicNameError as exc:
+                raise ConfigError(str(exc)) from exc
 
     def librdkafka_extra(self) -> dict[str, str]:
         return parse_kafka_config(self.kafka_config)

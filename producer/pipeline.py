@@ -63,7 +63,7 @@ from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.snapshot.watermarks import INTERNAL_PREFIX
 from producer.sql_session import SqlSession
-from producer.tables import TableRoute, TableRoutes
+from producer.tables import TableRoute, TableRoutes, table_topics
 from producer.topics import TopicManager, TopicPolicy
 from producer.transactions import Transaction
 from schemas import snapshot_state
@@ -75,6 +75,7 @@ from schemas.envelope import (
     transaction_key_schema,
     transaction_metadata_schema,
 )
+from schemas.safe_names import name_part
 from schemas.snapshot_state import TableState
 from schemas.topics import heartbeat_topic, message_topic, snapshot_topic, transaction_topic
 from schemas.type_catalog import TypeCatalog
@@ -187,8 +188,8 @@ class Pipeline:
             self.client = ReplicationClient(cfg.pg_dsn, repl, on_reconnect=self._on_reconnect)
             identity = self.client.open()
             self.db = identity.dbname
-            self.prefix = cfg.topic_prefix or identity.dbname
-            self.client.ensure_publication()
+            self.prefix = cfg.topic_prefix or name_part(identity.dbname)
+            self.table_topics = table_topics(self.prefix, self.client.ensure_publication().tables)
             # The Kafka producer first: it connects and gets its idempotent producer id in
             # librdkafka's threads while the rest is set up.
             self.sink = KafkaSink(
@@ -236,7 +237,7 @@ class Pipeline:
             extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": self.prefix},
         )
         self.tables = TableRoutes(
-            prefix=self.prefix,
+            table_topics=self.table_topics,
             catalog=self.catalog,
             sql=self.sql,
             registry=self.registry,

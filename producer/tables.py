@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from producer.envelope_writer import TableEnvelopeWriter
+from producer.errors import ConfigError, EventError
 from producer.events import Row, TableShape
 from producer.pgoutput import Relation
+from producer.replication.identifiers import TableName
 from producer.sql_session import SqlSession
 from producer.topics import TopicManager
 from schemas.catalog import ensure_types
 from schemas.envelope import Schema
 from schemas.relation import RelationCodec, UnmappedColumnLog, build_relation_codec
 from schemas.row_encoder import WireRowKeyEncoder, wire_encoder
-from schemas.topics import table_topic
+from schemas.topics import TableTopics, TopicNameError
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder, header
 
@@ -34,6 +36,15 @@ SELECT a.attname::text FROM pg_index i
   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
  WHERE i.indrelid = %s AND i.indisprimary
 """
+
+
+def table_topics(prefix: str, published: Iterable[TableName]) -> TableTopics:
+    """The topic names of the publication's tables, checked at start-up: two tables that would
+    share a topic stop the producer before it reads anything."""
+    try:
+        return TableTopics(prefix, ((t.schema, t.name) for t in published))
+    except TopicNameError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 @dataclass
@@ -66,7 +77,7 @@ class TableRoutes:
     def __init__(
         self,
         *,
-        prefix: str,
+        table_topics: TableTopics,
         catalog: TypeCatalog,
         sql: SqlSession,
         registry: SchemaRegistry,
@@ -74,7 +85,8 @@ class TableRoutes:
         source_for: Callable[[str, str], Row],
         writer_for: Callable[[Schema, int, str, str], TableEnvelopeWriter],
     ) -> None:
-        self._prefix = prefix
+        # Topic names, checked against every other table's (a clash stops the producer).
+        self._table_topics = table_topics
         self._catalog = catalog
         self._sql = sql
         self._registry = registry
@@ -111,7 +123,10 @@ class TableRoutes:
 
     def _build(self, relation: Relation, lsn: int) -> TableRoute:
         schema = relation.namespace or "pg_catalog"
-        topic = table_topic(self._prefix, schema, relation.name)
+        try:
+            topic = self._table_topics.topic(schema, relation.name)
+        except TopicNameError as exc:
+            raise EventError(f"{schema}.{relation.name}", lsn, str(exc)) from exc
         oids = [c.type_oid for c in relation.columns]
         self._sql.run(lambda conn: ensure_types(self._catalog, conn, oids))
         if relation.replica_identity == "f":

@@ -1,14 +1,19 @@
 """Topic names: the one home of the naming contract (CONTRACT.md, "Events"). Pure functions.
 
-`<prefix>.<schema>.<table>` per table, and the prefix's own topics: `<prefix>.transaction`
-(markers, one partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages),
-`<prefix>.snapshot` (the producer's snapshot resume records, internal).
+`<prefix>.<schema>.<table>` per table (each name made a valid topic part by
+`schemas.safe_names`), and the prefix's own topics: `<prefix>.transaction` (markers, one
+partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages), `<prefix>.snapshot`
+(the producer's snapshot resume records, internal).
 Subjects follow TopicNameStrategy (`<topic>-key`, `<topic>-value`: `schemas.registry`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from enum import Enum
+
+from schemas.safe_names import name_part
 
 
 class TopicKind(Enum):
@@ -23,8 +28,70 @@ class TopicKind(Enum):
 _SPECIAL = {kind.value: kind for kind in TopicKind if kind is not TopicKind.DATA}
 
 
+# Kafka's own limits (org.apache.kafka.common.internals.Topic): legal characters and length.
+MAX_TOPIC_LENGTH = 249
+_LEGAL = re.compile(r"[A-Za-z0-9._-]+")
+
+
+class TopicNameError(ValueError):
+    """A prefix or table that cannot get a topic of its own; the message says why."""
+
+
+def check_prefix(prefix: str) -> str:
+    """A topic prefix must be a valid topic name itself (it may hold dots: `prod.cdc`)."""
+    if not _LEGAL.fullmatch(prefix) or prefix in (".", ".."):
+        raise TopicNameError(
+            f"topic prefix {prefix!r} is not a valid Kafka topic name: use ASCII letters, "
+            "digits, '.', '_' and '-'"
+        )
+    return prefix
+
+
 def table_topic(prefix: str, schema: str, table: str) -> str:
-    return f"{prefix}.{schema}.{table}"
+    """`<prefix>.<schema part>.<table part>` (`safe_names.name_part`); the original names
+    travel in each event's `source.schema` and `source.table`."""
+    topic = f"{prefix}.{name_part(schema)}.{name_part(table)}"
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise TopicNameError(
+            f"table {schema!r}.{table!r}: topic {topic!r} is longer than Kafka's "
+            f"{MAX_TOPIC_LENGTH} characters; use a shorter topic prefix"
+        )
+    return topic
+
+
+def _kafka_collision_key(topic: str) -> str:
+    # Kafka refuses a topic that differs from an existing one only by '.' vs '_' (their metric
+    # names would be the same), so such pairs clash too.
+    return topic.replace(".", "_")
+
+
+class TableTopics:
+    """Each table's topic, refusing two tables that would share one (or collide in Kafka).
+
+    One per producer: fed the publication's tables at start-up (a clash stops it before it
+    reads anything) and every table it later publishes."""
+
+    def __init__(self, prefix: str, tables: Iterable[tuple[str, str]] = ()) -> None:
+        self.prefix = check_prefix(prefix)
+        own = (transaction_topic, heartbeat_topic, message_topic, snapshot_topic)
+        self._owners: dict[str, tuple[str, str] | str] = {
+            _kafka_collision_key(f(prefix)): f(prefix) for f in own
+        }
+        for schema, table in tables:
+            self.topic(schema, table)
+
+    def topic(self, schema: str, table: str) -> str:
+        topic = table_topic(self.prefix, schema, table)
+        key = _kafka_collision_key(topic)
+        owner = self._owners.setdefault(key, (schema, table))
+        if owner != (schema, table):
+            other = f"{owner[0]!r}.{owner[1]!r}" if isinstance(owner, tuple) else repr(owner)
+            raise TopicNameError(
+                f"tables {schema!r}.{table!r} and {other} map to the same Kafka topic "
+                f'{topic!r} (CONTRACT.md, "Names"); rename one of them or publish them '
+                "under different topic prefixes"
+            )
+        return topic
 
 
 def transaction_topic(prefix: str) -> str:

@@ -15,6 +15,8 @@ from enum import Enum
 from typing import Any, Final
 
 from schemas import settings
+from schemas.safe_names import lake_table_path
+from schemas.table_list import TableListError, parse_table_list
 from spark_consumer.errors import ConfigError
 
 
@@ -68,7 +70,9 @@ class ConsumerConfig:
         return f"{self.lake_path.rstrip('/')}/_walbridge/pending"
 
     def table_path(self, schema: str, table: str) -> str:
-        return f"{self.lake_path.rstrip('/')}/{schema}/{table}"
+        """Never outside the lake: the names pass through `safe_names` (the topic's parts,
+        already safe, come back unchanged)."""
+        return lake_table_path(self.lake_path, schema, table)
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class VerifyConfig:
     pg_dsn: str
     lake_path: str
     publication: str
-    tables: tuple[str, ...]  # empty = every table of the publication
+    tables: tuple[tuple[str, str], ...]  # (schema, table); empty = every table of the publication
 
 
 # Every setting of `run` and `verify`: flag destination -> its WALBRIDGE_* variable.
@@ -300,8 +304,8 @@ def parse_verify(argv: Sequence[str], env: Mapping[str, str]) -> VerifyConfig:
     ]
     if missing:
         raise ConfigError("missing required setting(s): " + ", ".join(missing))
-    tables = tuple(t.strip() for t in (v["tables"] or "").split(",") if t.strip())
-    bad = [t for t in tables if t.count(".") != 1]
-    if bad:
-        raise ConfigError(f"WALBRIDGE_TABLES entries must be schema.table, got {bad}")
+    try:
+        tables = parse_table_list(v["tables"] or "")
+    except TableListError as exc:
+        raise ConfigError(f"WALBRIDGE_TABLES: {exc}") from exc
     return VerifyConfig(v["pg_dsn"], v["lake_path"].rstrip("/"), v["publication"], tables)

@@ -55,6 +55,18 @@ def table_events(
     ]
     row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
     toast = F.coalesce(env["unchanged_toast"], F.array().cast("array<string>"))
+    # `unchanged_toast` names PostgreSQL columns; the lake's columns are the Avro field names,
+    # which differ where the producer sanitized a name (`sp ace` -> `sp_ace`).
+    renamed = {f.pg_name: f.name for f in fields if f.pg_name and f.pg_name != f.name}
+    if renamed:
+        pg_names, lake_names = F.array(*map(F.lit, renamed)), F.array(*map(F.lit, renamed.values()))
+        toast = F.transform(
+            toast,
+            lambda x: F.when(
+                F.array_position(pg_names, x) > 0,
+                F.element_at(lake_names, F.array_position(pg_names, x).cast("int")),
+            ).otherwise(x),
+        )
     # A companion column (conversions.py) is unchanged whenever its source column is.
     for name, extra in conversions.companions(fields).items():
         if extra:

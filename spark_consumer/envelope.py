@@ -24,6 +24,9 @@ class RowField:
     name: str
     avro: Any  # the field's Avro type as written (usually ["null", T])
     pg_type: str | None
+    # The PostgreSQL column name, when the producer had to change it to make a valid Avro name
+    # (its `pg.name`): `unchanged_toast` lists columns by this name.
+    pg_name: str | None = None
 
 
 def _non_null(branch: Any) -> Any:
@@ -43,7 +46,9 @@ def row_fields(envelope: Mapping[str, Any]) -> tuple[RowField, ...]:
     record = _non_null(fields["before"]["type"])
     if not isinstance(record, dict) or record.get("type") != "record":
         raise ValueError(f"envelope {envelope.get('name')!r}: before is not a nullable record")
-    out = tuple(RowField(f["name"], f["type"], f.get("pg.type")) for f in record["fields"])
+    out = tuple(
+        RowField(f["name"], f["type"], f.get("pg.type"), f.get("pg.name")) for f in record["fields"]
+    )
     clash = [f.name for f in out if f.name in LAKE_META or f.name in WORK_META or f.name == OK]
     if clash:
         raise ValueError(f"source column(s) {clash} clash with the consumer's own column names")

@@ -14,6 +14,8 @@ import psycopg
 from psycopg import sql
 from pyspark.sql import SparkSession
 
+from schemas.safe_names import lake_table_path
+from schemas.table_list import format_table
 from schemas.type_mapping import field_names
 from spark_consumer import verify_forms as forms
 from spark_consumer.config import VerifyConfig
@@ -35,26 +37,42 @@ class TableDiff:
         return not (self.missing or self.extra or self.different)
 
 
-def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[str]:
+Table = tuple[str, str]  # (schema, table), PostgreSQL's names as they are
+
+
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> list[Table]:
     rows = conn.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
         (publication,),
     ).fetchall()
-    return [f"{s}.{t}" for s, t in rows]
+    return [(s, t) for s, t in rows]
 
 
-def key_columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
+def _oid(conn: psycopg.Connection[Any], table: Table) -> int:
+    """The table's oid from its two names as parameters (a `'s.t'::regclass` text would be
+    parsed as SQL: names with quotes, dots or capitals break it)."""
+    row = conn.execute(
+        "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        table,
+    ).fetchone()
+    if row is None:
+        raise ConfigError(f"table {format_table(*table)} does not exist")
+    return int(row[0])
+
+
+def key_columns(conn: psycopg.Connection[Any], table: Table) -> list[str]:
     """Replica identity columns: the index named by REPLICA IDENTITY, else the primary key."""
     rows = conn.execute(
         """
         SELECT a.attname FROM pg_index i
         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-        WHERE i.indrelid = %s::regclass
+        WHERE i.indrelid = %s
           AND (i.indisreplident OR (i.indisprimary AND NOT EXISTS (
                SELECT 1 FROM pg_index j WHERE j.indrelid = i.indrelid AND j.indisreplident)))
         ORDER BY array_position(i.indkey, a.attnum)
         """,
-        (table,),
+        (_oid(conn, table),),
     ).fetchall()
     return [r[0] for r in rows]
 
@@ -62,7 +80,7 @@ def key_columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
 COLUMNS_SQL = """
 WITH RECURSIVE cols AS (
     SELECT a.attnum, a.attname, a.atttypid AS typid FROM pg_attribute a
-    WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ), base(attnum, typid, depth) AS (
     SELECT attnum, typid, 0 FROM cols
     UNION ALL
@@ -79,8 +97,8 @@ ORDER BY c.attnum
 """
 
 
-def columns(conn: psycopg.Connection[Any], table: str) -> list[ColumnInfo]:
-    rows = conn.execute(COLUMNS_SQL, (table,)).fetchall()
+def columns(conn: psycopg.Connection[Any], table: Table) -> list[ColumnInfo]:
+    rows = conn.execute(COLUMNS_SQL, (_oid(conn, table),)).fetchall()
     lake_names = field_names(tuple(r[0] for r in rows))
     out = []
     for (name, base, element), lake in zip(rows, lake_names, strict=True):
@@ -104,9 +122,9 @@ def diff(table: str, pg: Mapping[Any, Row], lake: Mapping[Any, Row], limit: int 
 
 
 def read_pg(
-    conn: psycopg.Connection[Any], table: str, cols: list[ColumnInfo], key: list[str]
+    conn: psycopg.Connection[Any], table: Table, cols: list[ColumnInfo], key: list[str]
 ) -> dict[Any, Row]:
-    schema, name = table.split(".", 1)
+    schema, name = table
     exprs = sql.SQL(", ").join(forms.pg_expression(c) for c in cols)
     with conn.cursor() as cur:
         cur.execute(
@@ -158,11 +176,11 @@ def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
     with psycopg.connect(config.pg_dsn) as conn:
         tables = published_tables(conn, config.publication)
         if config.tables:
-            unknown = set(config.tables) - set(tables)
+            unknown = sorted(set(config.tables) - set(tables))
             if unknown:
                 raise ConfigError(
-                    f"WALBRIDGE_TABLES {sorted(unknown)} are not in publication "
-                    f"{config.publication!r}"
+                    f"WALBRIDGE_TABLES {', '.join(format_table(*t) for t in unknown)} are not "
+                    f"in publication {config.publication!r}"
                 )
             tables = [t for t in tables if t in config.tables]
         for statement in SESSION:
@@ -171,9 +189,8 @@ def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
             key = key_columns(conn, table)
             cols = columns(conn, table)
             pg_rows = read_pg(conn, table, cols, key)
-            schema, name = table.split(".", 1)
-            lake = read_lake(spark, f"{config.lake_path}/{schema}/{name}", cols, key)
-            out.append(diff(table, pg_rows, lake or {}))
+            lake = read_lake(spark, lake_table_path(config.lake_path, *table), cols, key)
+            out.append(diff(format_table(*table), pg_rows, lake or {}))
     return out
 
 

@@ -124,7 +124,7 @@ class ReplicationConfig:
         kwargs = dict(values)
         tables = kwargs.get("tables")
         if isinstance(tables, str):
-            kwargs["tables"] = tuple(TableName.parse(t) for t in tables.split(",") if t.strip())
+            kwargs["tables"] = TableName.parse_list(tables)
         elif tables is not None:
             kwargs["tables"] = tuple(
                 t if isinstance(t, TableName) else TableName.parse(t) for t in tables

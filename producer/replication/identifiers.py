@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from producer.replication.errors import ErrorKind, ReplicationError
+from schemas.table_list import TableListError, format_table, parse_table, parse_table_list
 
 # PostgreSQL truncates identifiers to NAMEDATALEN - 1 bytes; a silently truncated name would
 # refer to a different object, so longer names are refused.
@@ -68,13 +69,24 @@ class TableName:
 
     @classmethod
     def parse(cls, text: str) -> TableName:
-        """``'public.orders'`` -> ``TableName('public', 'orders')``; the schema is required."""
-        schema, dot, name = text.strip().partition(".")
-        if not dot or "." in name:
-            raise ReplicationError(
-                ErrorKind.IDENTIFIER, f"table {text!r} must be written as schema.table"
-            )
-        return cls(schema, name)
+        """``'public.orders'`` -> ``TableName('public', 'orders')``; the schema is required;
+        PostgreSQL-quoted names as in WALBRIDGE_TABLES (``schemas.table_list``)."""
+        try:
+            return cls(*parse_table(text))
+        except TableListError as exc:
+            raise ReplicationError(ErrorKind.IDENTIFIER, str(exc)) from exc
+
+    @classmethod
+    def parse_list(cls, text: str) -> tuple[TableName, ...]:
+        """WALBRIDGE_TABLES: ``'public.orders, "My Schema"."a.b"'``."""
+        try:
+            return tuple(cls(s, t) for s, t in parse_table_list(text))
+        except TableListError as exc:
+            raise ReplicationError(ErrorKind.IDENTIFIER, str(exc)) from exc
 
     def __str__(self) -> str:
         return f"{self.schema}.{self.name}"
+
+    def quoted(self) -> str:
+        """The WALBRIDGE_TABLES form, quoted where a name needs it."""
+        return format_table(self.schema, self.name)

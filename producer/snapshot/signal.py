@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 
@@ -20,8 +19,7 @@ import psycopg
 from producer.pgoutput import format_lsn, parse_lsn
 from producer.replication.dsn import sql_conninfo
 from producer.snapshot.watermarks import SIGNAL_PREFIX
-
-_TABLE = re.compile(r"^[^.\s]+\.[^\s]+$")
+from schemas.table_list import TableListError, parse_table
 
 
 def main(argv: Sequence[str]) -> int:
@@ -30,7 +28,12 @@ def main(argv: Sequence[str]) -> int:
         description="Snapshot the given tables (schema.table) through the running producer.",
         allow_abbrev=False,
     )
-    parser.add_argument("tables", nargs="+", metavar="schema.table")
+    parser.add_argument(
+        "tables",
+        nargs="+",
+        metavar="schema.table",
+        help='PostgreSQL-quoted where a name holds a dot or quote: \'"My Schema"."a.b"\'',
+    )
     parser.add_argument("--pg-dsn", default=None, help="env WALBRIDGE_PG_DSN")
     args = parser.parse_args(list(argv))
     dsn = args.pg_dsn or os.environ.get("WALBRIDGE_PG_DSN")
@@ -39,11 +42,15 @@ def main(argv: Sequence[str]) -> int:
             "walbridge-producer snapshot: --pg-dsn or WALBRIDGE_PG_DSN is required", file=sys.stderr
         )
         return 2
-    bad = [t for t in args.tables if not _TABLE.match(t)]
-    if bad:
-        print(f"walbridge-producer snapshot: not schema.table: {bad}", file=sys.stderr)
-        return 2
-    content = json.dumps({"snapshot": list(dict.fromkeys(args.tables))})
+    names: list[str] = []
+    for text in args.tables:
+        try:
+            schema, table = parse_table(text)
+        except TableListError as exc:
+            print(f"walbridge-producer snapshot: {exc}", file=sys.stderr)
+            return 2
+        names.append(f"{schema}.{table}")  # the signal names tables as data collections do
+    content = json.dumps({"snapshot": list(dict.fromkeys(names))})
     conninfo = sql_conninfo(dsn, application_name="walbridge_signal", connect_timeout=10)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         row = conn.execute(

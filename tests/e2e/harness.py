@@ -18,6 +18,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from schemas.safe_names import lake_table_path
 from spark_consumer import verify
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, VerifyConfig
@@ -114,6 +115,16 @@ class Pipeline:
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return [r.asDict() for r in reader.load(f"{self.lake}/{schema}/{table}").collect()]
+
+    def table_rows(
+        self, schema: str, table: str, version: int | None = None
+    ) -> list[dict[str, Any]]:
+        """A table by its PostgreSQL names, whatever they hold (the lake path rule applies)."""
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        path = lake_table_path(self.lake, schema, table)
+        return [r.asDict() for r in reader.load(path).collect()]
 
     def consumer_env(self, **extra: str) -> dict[str, str]:
         return (

@@ -69,10 +69,10 @@ def test_verify_config_tables() -> None:
             "WALBRIDGE_PG_DSN": "dbname=x",
             "WALBRIDGE_LAKE_PATH": "/l",
             "WALBRIDGE_PUBLICATION": "p",
-            "WALBRIDGE_TABLES": "public.a, s.b",
+            "WALBRIDGE_TABLES": 'public.a, s.b, "My Schema"."a.b"',
         },
     )
-    assert cfg.tables == ("public.a", "s.b")
+    assert cfg.tables == (("public", "a"), ("s", "b"), ("My Schema", "a.b"))
     with pytest.raises(ConfigError, match=r"schema\.table"):
         parse_verify(
             ["--tables", "a"],
