@@ -1,12 +1,13 @@
-"""Arrays of text-like or integer elements: pgoutput wire bytes -> Avro bytes of the array record,
-without building the ``{dims, lower_bounds, elements}`` dict first.
+"""Arrays of text-like or integer elements: pgoutput wire bytes -> Avro bytes of the array
+column, without building the Python list or ``{dims, lower_bounds, elements}`` dict first.
 
-The array record (``schemas.type_mapping``) is ``{dims: array<int>, lower_bounds: array<int>,
-elements: array<["null", element]>}`` and always sits in branch 1 of its column's union.
-These writers follow ``schemas.pg_containers.array_text``/``array_binary`` exactly (same
-splitting, same cases): the text writer takes one-dimensional arrays without bounds
-decoration and hands anything else to ``slow`` (the converter + generic writer).
-Unit tests compare both with fastavro on the converted dict.
+An array column (``schemas.type_mapping``) is ``["null", array<["null", element]>, record
+{dims, lower_bounds, elements}]``: a one-dimensional array from index 1 (or the empty array)
+is branch 1, a plain Avro array; any other shape is branch 2, the record. These writers follow
+``schemas.pg_containers.array_text``/``array_binary`` exactly (same splitting, same cases):
+the text writer takes one-dimensional arrays without bounds decoration and hands anything
+else to ``slow`` (the converter + generic writer). Unit tests compare both with fastavro on
+the converted values.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from schemas.pg_containers import split_array_send, split_flat
 Writer = Callable[[bytes], bytes]
 
 _ELEMENT_HEADS: Final = tuple(b"\x02" + long_bytes(n) for n in range(8192))  # branch 1 + length
-_EMPTY_RECORD: Final = b"\x02\x00\x00\x00"  # branch 1, then three empty arrays
-_ONE_BOUND: Final = b"\x02\x02\x00"  # lower_bounds = [1]
+_EMPTY_ARRAY: Final = b"\x02\x00"  # branch 1, an empty array
+_PLAIN: Final = b"\x02"  # branch 1: the plain array
+_SHAPED: Final = b"\x04"  # branch 2: the {dims, lower_bounds, elements} record
 
 
 def text_elements(items: list[bytes | None]) -> list[bytes]:
@@ -55,7 +57,7 @@ def array_text_writer(
         if data[:1] != b"{":
             return slow(data)  # bounds decoration, e.g. '[0:2]={1,2,3}'
         if data == b"{}":
-            return _EMPTY_RECORD
+            return _EMPTY_ARRAY
         raw: list[bytes | None]
         # No '"' (34), no '\\' (92), one '{' (123). Integer needles: ``b'"' in data`` goes
         # through the buffer protocol and costs ten times a byte's memchr.
@@ -82,7 +84,7 @@ def array_text_writer(
                     ]
                 n = len(parts)
                 count = SMALL_LONGS[n] if n < 8192 else long_bytes(n)
-                return b"".join((b"\x02\x02", count, b"\x00", _ONE_BOUND, count, *parts, b"\x00"))
+                return b"".join((_PLAIN, count, *parts, b"\x00"))
             raw = [None if item == b"NULL" else item for item in data[1:-1].split(delimiter)]
         elif data[1:2] != b"{":  # one dimension with quoted items
             raw = split_flat(data[1:-1], delimiter)
@@ -90,7 +92,7 @@ def array_text_writer(
             return slow(data)  # several dimensions
         n = len(raw)
         count = SMALL_LONGS[n] if n < 8192 else long_bytes(n)
-        return b"".join((b"\x02\x02", count, b"\x00", _ONE_BOUND, count, *elements(raw), b"\x00"))
+        return b"".join((_PLAIN, count, *elements(raw), b"\x00"))
 
     return write
 
@@ -108,7 +110,10 @@ def array_binary_writer(
 
     def write(data: bytes) -> bytes:
         dims, lower, raw = split_array_send(data)
-        parts = [b"\x02", _int_array(dims), _int_array(lower)]
+        if len(dims) <= 1 and lower in ([], [1]):
+            parts = [_PLAIN]
+        else:
+            parts = [_SHAPED, _int_array(dims), _int_array(lower)]
         if raw:
             parts.append(long_bytes(len(raw)))
             parts.extend(elements(raw))

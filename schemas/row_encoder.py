@@ -321,7 +321,8 @@ def _array_fast(
 ) -> array_encoder.Writer | None:
     """A direct writer for arrays of text-like or integer elements, else None."""
     element = mapping.element
-    if element is None or _base_type(union[1], {}) not in ("record", "string"):
+    # ["null", plain array, shaped record]: the writers' branch numbers
+    if element is None or len(union) != 3 or _base_type(union[1], {}) != "array":
         return None
     element_union = nullable(element.avro)
     if mode == "t":

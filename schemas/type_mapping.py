@@ -41,10 +41,12 @@ enum                        string; the labels in the type's ``pg.enum.labels`` 
                             Not an Avro enum, so adding a label stays a compatible change
 domain                      the base type's mapping; ``pg.type`` names the domain
 composite                   record of nullable fields (``pg.type`` on each field)
-array (any of the above)    record {dims: array<int>, lower_bounds: array<int>,
-                            elements: array<nullable element>} in row-major order: one
-                            schema for any number of dimensions, NULL elements and
-                            PostgreSQL's non-1 lower bounds kept
+array (any of the above)    union [array<nullable element>, record {dims: array<int>,
+                            lower_bounds: array<int>, elements: array<nullable element>}]:
+                            one-dimensional arrays indexed from 1 (and the empty array) are
+                            plain Avro arrays, which Debezium's readers and Flink expect; the
+                            record (row-major elements) only where a plain array would lose
+                            the dimensions or PostgreSQL's lower bounds
 anything else               union [string, bytes] (text mode: PostgreSQL's text; binary
                             mode: the raw send format), field tagged ``pg.unmapped: true``
 ==========================  ===========================================================
@@ -344,26 +346,54 @@ def _binary_unsupported(pg_name: str) -> Convert:
 # --- learned kinds -------------------------------------------------------------------------
 
 
+def _reference(avro: AvroType) -> AvroType:
+    """The same type with each named type given by its name: a name is defined only once per
+    schema, so a second use of an element type must refer to it."""
+    if isinstance(avro, list):
+        return [_reference(branch) for branch in avro]
+    if isinstance(avro, dict) and avro.get("type") in ("record", "enum", "fixed"):
+        return avro["name"]
+    return avro
+
+
+def _array_value(record_name: str, convert: Convert) -> Convert:
+    """A plain list for one-dimensional arrays from index 1 and the empty array (PostgreSQL's
+    empty array has no dimensions), else the shaped record in fastavro's branch notation."""
+
+    def convert_array(data: bytes) -> Any:
+        value = convert(data)
+        if len(value["dims"]) <= 1 and value["lower_bounds"] in ([], [1]):
+            return value["elements"]
+        return (record_name, value)
+
+    return convert_array
+
+
 def _map_array(ctx: MappingContext, pg_type: PgType, type_modifier: int, path: str) -> AvroMapping:
     element = map_type(ctx, pg_type.element_oid, type_modifier, path + "_element")
     name = f"{ctx.namespace}.{path}"
+    plain = {"type": "array", "items": nullable(element.avro)}
     record = {
         "type": "record",
         "name": name,
         "fields": [
             {"name": "dims", "type": {"type": "array", "items": "int"}},
             {"name": "lower_bounds", "type": {"type": "array", "items": "int"}},
-            {"name": "elements", "type": {"type": "array", "items": nullable(element.avro)}},
+            {
+                "name": "elements",
+                "type": {"type": "array", "items": nullable(_reference(element.avro))},
+            },
         ],
     }
+    delimiter = pg_type.delimiter.encode()
     return AvroMapping(
-        ctx.named(name, record),
+        [plain, ctx.named(name, record)],
         element.pg_type + "[]",
-        _branch(name, pg_containers.array_text(element.text, pg_type.delimiter.encode())),
-        _branch(name, pg_containers.array_binary(element.binary)),
+        _array_value(name, pg_containers.array_text(element.text, delimiter)),
+        _array_value(name, pg_containers.array_binary(element.binary)),
         element.mapped,
         element=element,
-        delimiter=pg_type.delimiter.encode(),
+        delimiter=delimiter,
     )
 
 

@@ -16,9 +16,9 @@ timestamp, timestamptz)                 timestamp_ntz), null for the special val
                                         sorts; 24:00:00 fits too). Delta has no TIME type
 [string, bytes] (unmapped types)        `c`: the text; `c__bytes`: the binary send format
                                         when the producer ran in binary mode
-array record {dims, lower_bounds,       `c`: array of the elements in row-major order;
-elements}                               `c__shape`: struct {dims, lower_bounds} only when
-                                        the array is not one-dimensional from index 1
+[array, record {dims, lower_bounds,     `c`: array of the elements in row-major order;
+elements}] (contract 3), or the record  `c__shape`: struct {dims, lower_bounds} only when
+alone (contract 1-2)                    the array is not one-dimensional from index 1
 interval record {months,days,micros}    `c`: that struct (Delta has no interval type)
 hstore map, composite record            as decoded (map / struct)
 =====================================  ===================================================
@@ -93,6 +93,13 @@ def _kind(f: RowField) -> str:
             return "typed_or_text"
     if branches == ["string", "bytes"]:
         return "text_or_bytes"
+    if (
+        len(branches) == 2
+        and isinstance(branches[0], dict)
+        and branches[0].get("type") == "array"
+        and _is_record(branches[1], "dims", "lower_bounds", "elements")
+    ):
+        return "array_or_shaped"
     if len(branches) == 1:
         b = branches[0]
         if _logical(b) == "time-micros":
@@ -111,6 +118,17 @@ def _elements(elements: Column, items: Any) -> Column:
     if kind == "time":
         return F.transform(elements, _time_or_text)
     return elements
+
+
+def _shape(record: Column) -> Column:
+    """{dims, lower_bounds} of a shaped array record, null when it is one-dimensional from 1."""
+    standard = (F.size(record["dims"]) <= 1) & (
+        (F.size(record["lower_bounds"]) == 0) | (record["lower_bounds"][0] == 1)
+    )
+    return F.when(
+        record.isNotNull() & ~standard,
+        F.struct(record["dims"].alias("dims"), record["lower_bounds"].alias("lower_bounds")),
+    )
 
 
 @dataclass(frozen=True)
@@ -133,16 +151,16 @@ class FieldConversions:
             return [col["member0"].alias(f.name), col["member1"].alias(f.name + BYTES)]
         if kind == "array":
             items = _branches(f.avro)[0]["fields"][2]["type"]["items"]
-            standard = (F.size(col["dims"]) <= 1) & (
-                (F.size(col["lower_bounds"]) == 0) | (col["lower_bounds"][0] == 1)
-            )
             return [
                 _elements(col["elements"], items).alias(f.name),
-                F.when(
-                    col.isNotNull() & ~standard,
-                    F.struct(col["dims"].alias("dims"), col["lower_bounds"].alias("lower_bounds")),
-                ).alias(f.name + SHAPE),
+                _shape(col).alias(f.name + SHAPE),
             ]
+        if kind == "array_or_shaped":
+            # Spark gives the union as struct<member0: the plain array, member1: the record>.
+            items = _branches(f.avro)[0]["items"]
+            shaped = col["member1"]
+            elements = F.coalesce(col["member0"], shaped["elements"])
+            return [_elements(elements, items).alias(f.name), _shape(shaped).alias(f.name + SHAPE)]
         return [col.alias(f.name)]
 
     def lake_columns(self, fields: tuple[RowField, ...]) -> list[str]:
@@ -159,7 +177,7 @@ class FieldConversions:
                 out.append(f.name + TEXT)
             elif kind == "text_or_bytes":
                 out.append(f.name + BYTES)
-            elif kind == "array":
+            elif kind in ("array", "array_or_shaped"):
                 out.append(f.name + SHAPE)
         return out
 

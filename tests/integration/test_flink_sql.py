@@ -37,6 +37,7 @@ COLUMNS = (
     ("at", "timestamptz", "BIGINT"),
     ("flag", "boolean", "BOOLEAN"),
     ("raw", "bytea", "BYTES"),
+    ("tags", "text[]", "ARRAY<STRING>"),  # one dimension from 1: a plain Avro array
 )
 
 
@@ -52,12 +53,12 @@ def _pg_rows(dsn: str, table: str) -> list[list[Any]]:
     names = ", ".join(f'"{c}"' for c, _, _ in COLUMNS)
     out = []
     for row in query(dsn, f"SELECT {names} FROM {table}"):
-        id_, code, qty, price, ratio, day, at, flag, raw = row
+        id_, code, qty, price, ratio, day, at, flag, raw, tags = row
         out.append([
             id_, code, qty, None if price is None else f"{price:.2f}", ratio,
             None if day is None else day.isoformat(),
             None if at is None else (at - EPOCH) // dt.timedelta(microseconds=1),
-            flag, None if raw is None else bytes(raw).hex(),
+            flag, None if raw is None else bytes(raw).hex(), tags,
         ])  # fmt: skip
     return sorted(out, key=lambda r: r[0])
 
@@ -68,13 +69,16 @@ def _changes(dsn: str, table: str) -> None:
         dsn,
         f"INSERT INTO {t} SELECT g, 'c' || g, g, g * 1.25, g / 3.0, DATE '2024-02-28' + g,"
         f" TIMESTAMPTZ '2040-08-22 10:00:00.123456+02' + g * INTERVAL '1 hour',"
-        f" g % 2 = 0, decode(lpad(to_hex(g), 4, '0'), 'hex') FROM generate_series(1, 40) g",
+        f" g % 2 = 0, decode(lpad(to_hex(g), 4, '0'), 'hex'),"
+        f" CASE WHEN g % 3 = 0 THEN '{{}}' ELSE ARRAY['t' || g, NULL, 'x y'] END"
+        f" FROM generate_series(1, 40) g",
         f"UPDATE {t} SET qty = qty * 10, price = NULL WHERE id % 5 = 0",
         f"DELETE FROM {t} WHERE id % 7 = 0",
         # a key change (a delete of 3 and a create of 103), with other columns changed too
         f"UPDATE {t} SET id = 103, code = 'moved' WHERE id = 3",
         f"UPDATE {t} SET id = id + 1000 WHERE id BETWEEN 10 AND 12",
-        f"INSERT INTO {t} VALUES (41, 'x', NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+        f"INSERT INTO {t} VALUES (41, 'x', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+        f"UPDATE {t} SET tags = tags || ARRAY['more'] WHERE id % 4 = 0",
     )
     # several changes of one row in one transaction, and a delete then re-insert of a key
     with psycopg.connect(dsn) as conn:

@@ -298,9 +298,15 @@ def _check_array(
     typmod: int,
     expr: str,
     row_id: int,
-    avro: dict[str, Any],
+    avro: dict[str, Any] | list[Any],
     text: str,
 ) -> None:
+    if isinstance(avro, list):  # one dimension from 1 (or empty): a plain Avro array
+        avro = {
+            "dims": [len(avro)] if avro else [],
+            "lower_bounds": [1] if avro else [],
+            "elements": avro,
+        }
     (dims_text,) = conn.execute(
         f"SELECT coalesce(array_dims({expr}), '') FROM {SCHEMA}.t WHERE id = %s", (row_id,)
     ).fetchone() or ("",)

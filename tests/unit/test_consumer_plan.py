@@ -154,7 +154,8 @@ ARRAY = {
         (["null", {"type": "int", "logicalType": "date"}, "string"], ["c", "c__text"]),
         (["null", {"type": "long", "logicalType": "time-micros"}, "string"], ["c"]),
         (["null", "string", "bytes"], ["c", "c__bytes"]),
-        (["null", ARRAY], ["c", "c__shape"]),
+        (["null", ARRAY], ["c", "c__shape"]),  # contract 1-2: always the record
+        (["null", {"type": "array", "items": ["null", "int"]}, ARRAY], ["c", "c__shape"]),
         (["null", "long"], ["c"]),
         (["null", "string"], ["c"]),
     ],

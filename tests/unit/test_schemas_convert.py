@@ -249,19 +249,26 @@ def test_array_text_and_binary_agree_with_nulls_dims_and_bounds() -> None:
 
 def test_empty_array_and_quoted_text_elements() -> None:
     m = mapping(1009)  # text[]
-    assert avro_round_trip(m, m.text(b"{}")) == {"dims": [], "lower_bounds": [], "elements": []}
-    assert avro_round_trip(m, m.binary(struct.pack("!iii", 0, 0, 25))) == {
-        "dims": [],
-        "lower_bounds": [],
-        "elements": [],
-    }
+    assert avro_round_trip(m, m.text(b"{}")) == []  # PostgreSQL's empty array has no dimensions
+    assert avro_round_trip(m, m.binary(struct.pack("!iii", 0, 0, 25))) == []
     decoded = avro_round_trip(m, m.text(b'{"",NULL,"NULL","a,b","q\\"\\\\",\xf0\x9f\x98\x80}'))
-    assert decoded["elements"] == ["", None, "NULL", "a,b", 'q"\\', "😀"]
+    assert decoded == ["", None, "NULL", "a,b", 'q"\\', "😀"]
+
+
+def test_one_dimensional_arrays_from_one_are_plain_avro_arrays_others_keep_their_shape() -> None:
+    m = mapping(1007)  # int4[]
+    one_d = struct.pack("!iiiii", 1, 1, 23, 2, 1) + struct.pack("!ii", 4, 7) + struct.pack("!i", -1)
+    assert avro_round_trip(m, m.text(b"{7,NULL}")) == [7, None]
+    assert avro_round_trip(m, m.binary(one_d)) == [7, None]
+    shifted = {"dims": [2], "lower_bounds": [0], "elements": [7, None]}
+    assert avro_round_trip(m, m.text(b"[0:1]={7,NULL}")) == shifted
+    zero_based = struct.pack("!iiiii", 1, 1, 23, 2, 0) + one_d[20:]
+    assert avro_round_trip(m, m.binary(zero_based)) == shifted
 
 
 def test_box_array_uses_semicolon_delimiter() -> None:
     m = mapping(1020)  # box[]
-    assert avro_round_trip(m, m.text(b"{(3,4),(1,2);(1,1),(0,0)}"))["elements"] == [
+    assert avro_round_trip(m, m.text(b"{(3,4),(1,2);(1,1),(0,0)}")) == [
         "(3,4),(1,2)",
         "(1,1),(0,0)",
     ]
@@ -270,4 +277,4 @@ def test_box_array_uses_semicolon_delimiter() -> None:
 def test_date_array_edge_elements() -> None:
     m = mapping(1182)  # date[]
     decoded = avro_round_trip(m, m.text(b'{2024-01-01,infinity,"0044-03-15 BC",NULL}'))
-    assert decoded["elements"] == [dt.date(2024, 1, 1), "infinity", "0044-03-15 BC", None]
+    assert decoded == [dt.date(2024, 1, 1), "infinity", "0044-03-15 BC", None]

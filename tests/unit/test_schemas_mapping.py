@@ -157,11 +157,13 @@ def test_interval_is_a_shared_named_record_defined_once() -> None:
     assert second.avro == INTERVAL_RECORD
 
 
-def test_array_is_a_dims_bounds_elements_record_with_nullable_elements() -> None:
+def test_array_is_a_plain_array_or_a_dims_bounds_elements_record_with_nullable_elements() -> None:
     mapping = map_type(MappingContext(catalog(), "db.public.t"), 1009, -1, "Value_tags")
     assert mapping.pg_type == "text[]"
-    assert mapping.avro["name"] == "db.public.t.Value_tags"
-    assert mapping.avro["fields"] == [
+    plain, record = mapping.avro
+    assert plain == {"type": "array", "items": ["null", "string"]}
+    assert record["name"] == "db.public.t.Value_tags"
+    assert record["fields"] == [
         {"name": "dims", "type": {"type": "array", "items": "int"}},
         {"name": "lower_bounds", "type": {"type": "array", "items": "int"}},
         {"name": "elements", "type": {"type": "array", "items": ["null", "string"]}},
@@ -170,22 +172,26 @@ def test_array_is_a_dims_bounds_elements_record_with_nullable_elements() -> None
 
 def test_array_of_union_typed_elements_splices_the_union() -> None:
     mapping = map_type(MappingContext(catalog(), "n"), 1182, -1, "Value_days")  # date[]
-    elements = mapping.avro["fields"][2]["type"]["items"]
+    plain, record = mapping.avro
+    elements = record["fields"][2]["type"]["items"]
     assert elements == ["null", {"type": "int", "logicalType": "date"}, "string"]
+    assert plain["items"] == elements
     assert mapping.pg_type == "date[]"
 
 
 def test_numeric_array_keeps_the_column_typmod() -> None:
     mapping = map_type(MappingContext(catalog(), "n"), 1231, numeric_mod(10, 3), "Value_a")
     assert mapping.pg_type == "numeric(10,3)[]"
-    assert mapping.avro["fields"][2]["type"]["items"][1]["scale"] == 3
+    assert mapping.avro[0]["items"][1]["scale"] == 3
+    assert mapping.avro[1]["fields"][2]["type"]["items"][1]["scale"] == 3
 
 
 def test_enum_array_and_composite_array() -> None:
     ctx = MappingContext(catalog(), "n")
     assert map_type(ctx, MOOD_ARRAY, -1, "Value_m").pg_type == "public.mood[]"
     comp = map_type(ctx, ADDRESS_ARRAY, -1, "Value_addrs")
-    record = comp.avro["fields"][2]["type"]["items"][1]
+    record = comp.avro[0]["items"][1]  # defined in the plain array, referred to in the record
+    assert comp.avro[1]["fields"][2]["type"]["items"] == ["null", "n.Value_addrs_element"]
     assert record["name"] == "n.Value_addrs_element"
     assert [f["name"] for f in record["fields"]] == ["street", "zip_code", "since"]
     assert record["fields"][1]["pg.name"] == "zip code"

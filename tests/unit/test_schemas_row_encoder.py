@@ -289,8 +289,11 @@ def test_key_with_array_column_uses_the_key_records_names() -> None:
     codec = codec_for(("tags", TEXT_ARRAY, -1, True), ("v", INT4, -1, False))
     assert codec.key_schema is not None and codec.convert_key is not None
     values = (Value(b"{a,b}", False), Value(b"1", False))
-    assert codec.convert_key(values)["tags"][0].endswith(".Key_tags")
+    assert codec.convert_key(values)["tags"] == ["a", "b"]  # one dimension from 1: plain
     assert_same_bytes(codec, values)
+    shaped = (Value(b"[0:1]={a,b}", False), Value(b"1", False))
+    assert codec.convert_key(shaped)["tags"][0].endswith(".Key_tags")
+    assert_same_bytes(codec, shaped)
 
 
 def test_errors_are_the_reference_conversion_errors() -> None:
