@@ -48,6 +48,8 @@ LOCAL_STACK: Final = frozenset({
     "WALBRIDGE_S3_BUCKET",
     # `WALBRIDGE_KAFKA_BROKERS=3 stack up`: a three-broker KRaft cluster
     "WALBRIDGE_KAFKA_BROKERS",
+    # deploy/local/debezium-server (the side-by-side benchmark): a Java 21+ binary
+    "WALBRIDGE_DEBEZIUM_JAVA",
 })  # fmt: skip
 
 ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK

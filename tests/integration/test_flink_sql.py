@@ -38,7 +38,13 @@ COLUMNS = (
     ("flag", "boolean", "BOOLEAN"),
     ("raw", "bytea", "BYTES"),
     ("tags", "text[]", "ARRAY<STRING>"),  # one dimension from 1: a plain Avro array
+    ("small", "int2", "INT"),
+    ("f4", "real", "FLOAT"),
+    ("clock", "time", "BIGINT"),  # micros since midnight
+    ("span", "interval", "ROW<months INT, days INT, micros BIGINT>"),
 )
+# The README's way to get a Flink timestamp out of a timestamptz column.
+COMPUTED = "at_ltz AS TO_TIMESTAMP_LTZ(`at` / 1000, 3)"
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +56,36 @@ def flink() -> Path:
 
 def _pg_rows(dsn: str, table: str) -> list[list[Any]]:
     """PostgreSQL's rows in the JSON forms the Flink runner prints."""
-    names = ", ".join(f'"{c}"' for c, _, _ in COLUMNS)
+    # an interval as its three parts (psycopg folds months into days)
+    span = (
+        "CASE WHEN span IS NULL THEN NULL ELSE ARRAY["
+        "(extract(year FROM span) * 12 + extract(month FROM span))::int8,"
+        " extract(day FROM span)::int8,"
+        " ((extract(hour FROM span) * 3600 + extract(minute FROM span) * 60) * 1000000"
+        " + extract(microseconds FROM span))::int8] END"
+    )
+    names = ", ".join(span if c == "span" else f'"{c}"' for c, _, _ in COLUMNS)
     out = []
     for row in query(dsn, f"SELECT {names} FROM {table}"):
-        id_, code, qty, price, ratio, day, at, flag, raw, tags = row
+        id_, code, qty, price, ratio, day, at, flag, raw, tags, small, f4, clock, span = row
         out.append([
             id_, code, qty, None if price is None else f"{price:.2f}", ratio,
             None if day is None else day.isoformat(),
             None if at is None else (at - EPOCH) // dt.timedelta(microseconds=1),
-            flag, None if raw is None else bytes(raw).hex(), tags,
+            flag, None if raw is None else bytes(raw).hex(), tags, small, f4,
+            None if clock is None else (
+                (clock.hour * 3600 + clock.minute * 60 + clock.second) * 10**6 + clock.microsecond
+            ),
+            None if span is None else list(span),
+            None if at is None else _instant_text(at),
         ])  # fmt: skip
     return sorted(out, key=lambda r: r[0])
+
+
+def _instant_text(at: dt.datetime) -> str:
+    """Java's Instant.toString of the value at millisecond precision (the computed column)."""
+    ms = at.astimezone(dt.UTC).microsecond // 1000
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S") + (f".{ms:03d}Z" if ms else "Z")
 
 
 def _changes(dsn: str, table: str) -> None:
@@ -70,14 +95,16 @@ def _changes(dsn: str, table: str) -> None:
         f"INSERT INTO {t} SELECT g, 'c' || g, g, g * 1.25, g / 3.0, DATE '2024-02-28' + g,"
         f" TIMESTAMPTZ '2040-08-22 10:00:00.123456+02' + g * INTERVAL '1 hour',"
         f" g % 2 = 0, decode(lpad(to_hex(g), 4, '0'), 'hex'),"
-        f" CASE WHEN g % 3 = 0 THEN '{{}}' ELSE ARRAY['t' || g, NULL, 'x y'] END"
+        f" CASE WHEN g % 3 = 0 THEN '{{}}' ELSE ARRAY['t' || g, NULL, 'x y'] END,"
+        f" g - 20, g / 8.0, TIME '13:14:15.123456' + g * INTERVAL '1 minute',"
+        f" make_interval(years => 1, months => g, days => -g, secs => g * 1.5)"
         f" FROM generate_series(1, 40) g",
         f"UPDATE {t} SET qty = qty * 10, price = NULL WHERE id % 5 = 0",
         f"DELETE FROM {t} WHERE id % 7 = 0",
         # a key change (a delete of 3 and a create of 103), with other columns changed too
         f"UPDATE {t} SET id = 103, code = 'moved' WHERE id = 3",
         f"UPDATE {t} SET id = id + 1000 WHERE id BETWEEN 10 AND 12",
-        f"INSERT INTO {t} VALUES (41, 'x', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+        f"INSERT INTO {t} (id, code) VALUES (41, 'x')",
         f"UPDATE {t} SET tags = tags || ARRAY['more'] WHERE id % 4 = 0",
     )
     # several changes of one row in one transaction, and a delete then re-insert of a key
@@ -113,7 +140,7 @@ def topic(pg_dsn: str, kafka_bootstrap: str, registry_url: str) -> Iterator[str]
 def test_flink_materializes_the_postgresql_table(
     flink: Path, topic: str, pg_dsn: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
 ) -> None:
-    columns = ",\n  ".join(f"`{c}` {flink_type}" for c, _, flink_type in COLUMNS)
+    columns = ",\n  ".join([*(f"`{c}` {flink_type}" for c, _, flink_type in COLUMNS), COMPUTED])
     script = tmp_path / "materialize.sql"
     script.write_text(
         f"""
