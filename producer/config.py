@@ -16,6 +16,7 @@ from typing import Any, Final
 from producer.errors import ConfigError
 from schemas import settings
 from schemas.topics import TopicNameError, check_prefix
+from schemas.type_mapping import TIMESTAMPTZ_FORMATS, TIMESTAMPTZ_MICROS
 
 ENV_PREFIX: Final = "WALBRIDGE_"
 COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -69,6 +70,9 @@ class ProducerConfig:
     snapshot: str = "initial"
     snapshot_chunk_rows: int = 20_000  # rows per chunk, at most
     snapshot_chunk_bytes: int = 64 * 1024 * 1024  # and about this many bytes (TOASTed rows)
+    # timestamp-micros: Avro's timestamp-micros (UTC), typed for Avro readers; zoned-string:
+    # Debezium's ZonedTimestamp ISO string, for Debezium-aware sinks (README, "timestamptz").
+    timestamptz_format: str = TIMESTAMPTZ_MICROS
 
     def __post_init__(self) -> None:
         for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url", "publication", "slot"):
@@ -77,6 +81,11 @@ class ProducerConfig:
         if self.compression not in COMPRESSION_CODECS:
             raise ConfigError(
                 f"compression must be one of {COMPRESSION_CODECS}, got {self.compression!r}"
+            )
+        if self.timestamptz_format not in TIMESTAMPTZ_FORMATS:
+            raise ConfigError(
+                f"timestamptz_format must be one of {TIMESTAMPTZ_FORMATS}, "
+                f"got {self.timestamptz_format!r}"
             )
         if self.snapshot not in SNAPSHOT_MODES:
             raise ConfigError(f"snapshot must be one of {SNAPSHOT_MODES}, got {self.snapshot!r}")

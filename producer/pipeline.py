@@ -244,6 +244,7 @@ class Pipeline:
             topics=self.topics,
             source_for=self._source_for,
             writer_for=self._writer_for,
+            timestamptz=cfg.timestamptz_format,
         )
         self._routes = self.tables.routes  # the same dict, one attribute less per event
         self._lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, self.metrics)

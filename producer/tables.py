@@ -24,6 +24,7 @@ from schemas.relation import RelationCodec, UnmappedColumnLog, build_relation_co
 from schemas.row_encoder import WireRowKeyEncoder, wire_encoder
 from schemas.topics import TableTopics, TopicNameError
 from schemas.type_catalog import TypeCatalog
+from schemas.type_mapping import TIMESTAMPTZ_MICROS
 from schemas.wire import AvroEncoder, header
 
 if TYPE_CHECKING:  # imported by the pipeline in a thread at start-up (it is slow to import)
@@ -84,6 +85,7 @@ class TableRoutes:
         topics: TopicManager,
         source_for: Callable[[str, str], Row],
         writer_for: Callable[[Schema, int, str, str], TableEnvelopeWriter],
+        timestamptz: str = TIMESTAMPTZ_MICROS,
     ) -> None:
         # Topic names, checked against every other table's (a clash stops the producer).
         self._table_topics = table_topics
@@ -93,6 +95,7 @@ class TableRoutes:
         self._topics = topics
         self._source_for = source_for
         self._writer_for = writer_for
+        self._timestamptz = timestamptz
         self._unmapped = UnmappedColumnLog(log.warning)
         self._warned_keyless: set[str] = set()
         self.routes: dict[int, TableRoute] = {}
@@ -131,7 +134,9 @@ class TableRoutes:
         self._sql.run(lambda conn: ensure_types(self._catalog, conn, oids))
         if relation.replica_identity == "f":
             relation = self._key_by_primary_key(relation)
-        codec = build_relation_codec(relation, self._catalog, topic, self._unmapped)
+        codec = build_relation_codec(
+            relation, self._catalog, topic, self._unmapped, timestamptz=self._timestamptz
+        )
         shape = TableShape.of(codec, relation.replica_identity)
         if codec.encode_key is None and codec.table not in self._warned_keyless:
             self._warned_keyless.add(codec.table)

@@ -249,3 +249,27 @@ def interval_text(data: bytes) -> dict[str, int]:
 def interval_binary(data: bytes) -> dict[str, int]:
     us, days, months = _unpack_interval(data)
     return {"months": months, "days": days, "micros": us}
+
+
+# --- timestamptz as Debezium's ZonedTimestamp (the ``zoned-string`` setting) ---------------
+
+
+def _zoned(us: int) -> str:
+    """ISO-8601 in UTC as Debezium's ``io.debezium.time.ZonedTimestamp`` writes it:
+    ``2040-08-22T08:00:00.123456Z``, the fraction without trailing zeros."""
+    seconds, frac = divmod(us, US_PER_SECOND)
+    text = (_EPOCH_NAIVE + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    if frac:
+        text += f".{frac:06d}".rstrip("0")
+    return text + "Z"
+
+
+def timestamptz_zoned_text(data: bytes) -> str:
+    value = timestamptz_text(data)
+    # Years outside 1..9999 and +-infinity keep PostgreSQL's text, as in the union form.
+    return _zoned(value) if isinstance(value, int) else value[1]
+
+
+def timestamptz_zoned_binary(data: bytes) -> str:
+    value = timestamptz_binary(data)
+    return _zoned(value) if isinstance(value, int) else value[1]

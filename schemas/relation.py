@@ -29,6 +29,7 @@ from schemas.row_encoder import (
 )
 from schemas.type_catalog import TypeCatalog
 from schemas.type_mapping import (
+    TIMESTAMPTZ_MICROS,
     AvroMapping,
     Convert,
     MappingContext,
@@ -233,15 +234,17 @@ def build_relation_codec(
     topic: str,
     on_unmapped: UnmappedHook | None = None,
     unchanged_toast: object | None = None,
+    timestamptz: str = TIMESTAMPTZ_MICROS,
 ) -> RelationCodec:
     """Map a Relation's columns once; the catalog must already know every column type
-    (``schemas.catalog.ensure_types``), else the column is treated as unmapped."""
+    (``schemas.catalog.ensure_types``), else the column is treated as unmapped.
+    ``timestamptz``: one of ``schemas.type_mapping.TIMESTAMPTZ_FORMATS``."""
     toast = default_unchanged_toast() if unchanged_toast is None else unchanged_toast
     table = f"{relation.namespace or 'pg_catalog'}.{relation.name}"
     ns = topic_namespace(topic)
     names = field_names(tuple(c.name for c in relation.columns))
 
-    value_ctx = MappingContext(catalog, ns)
+    value_ctx = MappingContext(catalog, ns, timestamptz=timestamptz)
     mappings = [
         map_type(value_ctx, c.type_oid, c.type_modifier, f"Value_{field}")
         for c, field in zip(relation.columns, names, strict=True)
@@ -256,7 +259,7 @@ def build_relation_codec(
     convert_key = None
     encode_key = None
     if any(c.is_key for c in columns):
-        key_ctx = MappingContext(catalog, ns)
+        key_ctx = MappingContext(catalog, ns, timestamptz=timestamptz)
         key_cols = [c for c in columns if c.is_key]
         key_maps = [
             map_type(key_ctx, c.type_oid, c.type_modifier, f"Key_{c.field}") for c in key_cols

@@ -30,7 +30,9 @@ timetz                      string, PostgreSQL's text (e.g. ``12:00:00+05:30``)
 timestamp                   union [long local-timestamp-micros, string] (BC, > 9999, +-infinity
                             -> PostgreSQL's text)
 timestamptz                 union [long timestamp-micros (UTC), string] (same edge values;
-                            the text is in UTC, e.g. ``0044-03-15 12:00:00+00 BC``)
+                            the text is in UTC, e.g. ``0044-03-15 12:00:00+00 BC``); with the
+                            ``zoned-string`` setting, Debezium's ZonedTimestamp: a string
+                            ``2040-08-22T08:00:00.123456Z`` (edge values: PostgreSQL's text)
 interval                    record io.walbridge.pg.Interval {months int, days int, micros long}
 inet, cidr, macaddr(8),     string, PostgreSQL's text
 bit, varbit, tsvector,
@@ -68,6 +70,11 @@ Convert = Callable[[bytes], Any]
 AvroType = Any  # JSON-able Avro schema fragment: str | dict | list
 
 INTERVAL_RECORD: Final = "io.walbridge.pg.Interval"
+# How timestamptz is written (the producer's --timestamptz-format).
+TIMESTAMPTZ_MICROS: Final = "timestamp-micros"
+TIMESTAMPTZ_ZONED: Final = "zoned-string"
+TIMESTAMPTZ_FORMATS: Final = (TIMESTAMPTZ_MICROS, TIMESTAMPTZ_ZONED)
+ZONED_TIMESTAMP: Final = "io.debezium.time.ZonedTimestamp"
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class MappingContext:
     catalog: TypeCatalog
     namespace: str
     defined: set[str] = field(default_factory=set)
+    timestamptz: str = TIMESTAMPTZ_MICROS
 
     def named(self, fullname: str, definition: dict[str, Any]) -> AvroType:
         if fullname in self.defined:
@@ -248,6 +256,27 @@ def _logical(base: str, logical: str) -> dict[str, str]:
     return {"type": base, "logicalType": logical}
 
 
+def _map_timestamptz(
+    ctx: MappingContext, pg_type: PgType, type_modifier: int, path: str
+) -> AvroMapping:
+    pg_name = format_pg_type(pg_type, type_modifier)
+    if ctx.timestamptz == TIMESTAMPTZ_ZONED:
+        # connect.name: what Kafka Connect's Avro converter turns into the Connect schema name,
+        # so Debezium-aware sinks see the semantic type they know.
+        return AvroMapping(
+            {"type": "string", "connect.name": ZONED_TIMESTAMP},
+            pg_name,
+            pg_datetime.timestamptz_zoned_text,
+            pg_datetime.timestamptz_zoned_binary,
+        )
+    return AvroMapping(
+        [_logical("long", "timestamp-micros"), "string"],
+        pg_name,
+        pg_datetime.timestamptz_text,
+        pg_datetime.timestamptz_binary,
+    )
+
+
 _BY_NAME: Final[dict[str, MapFn]] = {
     "bool": _simple("boolean", pg_scalars.bool_text, pg_scalars.bool_binary),
     "int2": _simple("int", pg_scalars.int_text, pg_scalars.int2_binary),
@@ -280,11 +309,7 @@ _BY_NAME: Final[dict[str, MapFn]] = {
         pg_datetime.timestamp_text,
         pg_datetime.timestamp_binary,
     ),
-    "timestamptz": _simple(
-        [_logical("long", "timestamp-micros"), "string"],
-        pg_datetime.timestamptz_text,
-        pg_datetime.timestamptz_binary,
-    ),
+    "timestamptz": _map_timestamptz,
     "interval": _map_interval,
     "inet": _string_rendered(pg_render.inet_binary),
     "cidr": _string_rendered(pg_render.cidr_binary),

@@ -12,6 +12,9 @@ timestamp, timestamptz)                 timestamp_ntz), null for the special val
                                         `c__text`: PostgreSQL's text of a value the typed
                                         column cannot hold (NaN, +-Infinity, BC dates,
                                         years > 9999, +-infinity), else null
+string ZonedTimestamp (timestamptz      `c`: timestamp; `c__text`: the string when it is
+with --timestamptz-format zoned-string)  not an ISO instant (BC, year > 9999, +-infinity);
+                                        arrays of it keep the strings
 [time-micros, string] (time)            `c`: string `HH:MM:SS.ffffff` (fixed width, so it
                                         sorts; 24:00:00 fits too). Delta has no TIME type
 [string, bytes] (unmapped types)        `c`: the text; `c__bytes`: the binary send format
@@ -42,6 +45,9 @@ from spark_consumer.envelope import RowField
 FieldHook = Callable[[Column, RowField], Mapping[str, Column]]
 
 TEXT, BYTES, SHAPE = "__text", "__bytes", "__shape"
+ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"  # schemas.type_mapping's name for it
+# The producer's zoned form of an in-range value; its edge values are PostgreSQL's text.
+ISO_INSTANT = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$"
 
 
 def _branches(avro: Any) -> list[Any]:
@@ -102,6 +108,8 @@ def _kind(f: RowField) -> str:
         return "array_or_shaped"
     if len(branches) == 1:
         b = branches[0]
+        if isinstance(b, dict) and b.get("connect.name") == ZONED_TIMESTAMP:
+            return "zoned"
         if _logical(b) == "time-micros":
             return "time_plain"
         if _is_record(b, "dims", "lower_bounds", "elements"):
@@ -143,6 +151,11 @@ class FieldConversions:
         kind = _kind(f)
         if kind == "typed_or_text":
             return [col["member0"].alias(f.name), col["member1"].alias(f.name + TEXT)]
+        if kind == "zoned":
+            # ISO-8601 with Z casts exactly (microseconds kept); PostgreSQL's text of the
+            # values a Spark timestamp cannot hold does not, and goes to c__text.
+            typed = F.when(col.rlike(ISO_INSTANT), col.try_cast("timestamp"))
+            return [typed.alias(f.name), F.when(typed.isNull(), col).alias(f.name + TEXT)]
         if kind == "time":
             return [_time_or_text(col).alias(f.name)]
         if kind == "time_plain":
@@ -173,7 +186,7 @@ class FieldConversions:
                 continue
             kind = _kind(f)
             out.append(f.name)
-            if kind == "typed_or_text":
+            if kind in ("typed_or_text", "zoned"):
                 out.append(f.name + TEXT)
             elif kind == "text_or_bytes":
                 out.append(f.name + BYTES)

@@ -87,6 +87,8 @@ def render_scalar(base: str, v: Any) -> str | None:
     if base == "timestamptz" and isinstance(v, datetime):
         # PySpark hands TIMESTAMP values over as naive local times of this process.
         return _timestamp(v.astimezone(UTC)) + "+00"
+    if base == "timestamptz" and isinstance(v, str) and v.endswith("Z") and "T" in v:
+        return v.replace("T", " ")[:-1] + "+00"  # an array element in the zoned-string form
     if base == "time" and isinstance(v, str):
         whole, _, frac = v.partition(".")
         return whole + ("." + frac.rstrip("0") if frac.rstrip("0") else "")
