@@ -30,6 +30,7 @@ import argparse
 import datetime as dt
 import decimal
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -148,6 +149,7 @@ class DebeziumProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)  # config, offsets, log: kept only on failure
 
 
 def install_debezium() -> None:
@@ -157,7 +159,7 @@ def install_debezium() -> None:
 # --- Kafka helpers -------------------------------------------------------------------------
 
 
-def topic_count(admin_conf: dict[str, str], topic: str, consumer: Consumer) -> int:
+def topic_count(topic: str, consumer: Consumer) -> int:
     meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
     if meta is None or meta.error is not None:
         return 0
@@ -381,7 +383,7 @@ def run_diff(env: dict[str, str]) -> None:
             consumer = Consumer(
                 {"bootstrap.servers": env["WALBRIDGE_KAFKA_BOOTSTRAP"], "group.id": "x"}
             )
-            while any(topic_count({}, f"{theirs}.{t}", consumer) == 0 for t in tables):
+            while any(topic_count(f"{theirs}.{t}", consumer) == 0 for t in tables):
                 debezium.check()
                 if time.monotonic() > deadline:
                     sys.exit(f"Debezium published nothing in 180 s:\n{debezium.log()}")
@@ -449,7 +451,7 @@ def time_until_count(
     consumer = Consumer({"bootstrap.servers": env["WALBRIDGE_KAFKA_BOOTSTRAP"], "group.id": "x"})
     first = None
     try:
-        while (count := topic_count({}, topic, consumer)) < expected:
+        while (count := topic_count(topic, consumer)) < expected:
             if first is None and count:
                 first = time.perf_counter()
             proc.check()
