@@ -260,7 +260,7 @@ class BatchProcessor:
             return False
         return True
 
-    def _reject(self, rows: DataFrame, batch_id: int) -> int:
+    def _reject(self, rows: DataFrame, batch_id: int, app_id: str = quarantine.FRAMING) -> int:
         """Quarantine the rows (with `_reason`), or stop naming the first. Returns how many."""
         first = rows.orderBy(*COORDS).limit(1).collect()
         if not first:
@@ -269,7 +269,7 @@ class BatchProcessor:
             rows = rows.persist(_CACHE)
             try:
                 n = rows.count()
-                quarantine.write(rows, self.config.quarantine_path, batch_id)
+                quarantine.write(rows, self.config.quarantine_path, batch_id, app_id)
             finally:
                 rows.unpersist()
             log.warning(
@@ -603,7 +603,7 @@ class BatchProcessor:
                 )
             ],
         )
-        return self._reject(raw.join(bad, COORDS, "inner"), batch_id)
+        return self._reject(raw.join(bad, COORDS, "inner"), batch_id, quarantine.DECODING)
 
 
 _MARKER_SCHEMA = (

@@ -25,6 +25,14 @@ def with_envelope_from_avro(rows: DataFrame, schema_text: str) -> DataFrame:
     )
 
 
+def decoded_ok(env: Column, required: str) -> Column:
+    """Whether the body decoded. Spark 4's from_avro in PERMISSIVE mode gives a struct of nulls,
+    not a null, for a body it cannot read (a truncated one, say), so a field every record of
+    the schema has (`op` of an envelope, `status` of a marker) tells the two apart. Without it
+    a truncated marker read as a marker without commit_lsn and was passed over unreported."""
+    return F.coalesce(env.isNotNull() & env[required].isNotNull(), F.lit(False))
+
+
 def _coords() -> list[Column]:
     return [
         F.col("topic").alias(E.TOPIC),
@@ -83,7 +91,7 @@ def table_events(
         env["op"].alias(E.OP),
         env["source"]["ts_ms"].alias(E.TS_MS),
         toast.alias(E.TOAST),
-        env.isNotNull().alias(E.OK),
+        decoded_ok(env, "op").alias(E.OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
         *from_cols,
     )
@@ -99,5 +107,5 @@ def markers(decoded: DataFrame) -> DataFrame:
         env["ts_ms"].alias("_ts_ms"),  # the source commit time: the consumer's lag
         env["event_count"].alias("_event_count"),
         env["data_collections"].alias("_data_collections"),
-        env.isNotNull().alias(E.OK),
+        decoded_ok(env, "status").alias(E.OK),
     )

@@ -4,6 +4,8 @@ to Delta. One Spark session for the module; scenarios share a topic prefix per t
 
 from __future__ import annotations
 
+import re
+import struct
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -15,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from spark_consumer import summary
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.errors import ConfigError
@@ -287,3 +290,79 @@ def test_last_change_of_a_key_wins_within_one_batch(harness: Harness) -> None:
     }
     assert got == {5: (Decimal("3.00"), "z", 8000, "u"), 6: (Decimal("9.00"), "again", 8000, "c")}
     assert harness.progress()[-1]["commit_lsn"] == 9000
+
+
+def malformed_variants(good: KafkaRecord) -> list[tuple[KafkaRecord, str]]:
+    """Broken copies of a real data record, each with the reason the consumer must give."""
+    v = good.value
+    return [
+        (KafkaRecord(good.topic, good.key, b"\x01" + v[1:]), "value is not Confluent-framed Avro"),
+        (
+            KafkaRecord(good.topic, good.key, b"\x00" + struct.pack(">I", 0xFFFFF) + v[5:]),
+            "unknown value schema id 1048575",
+        ),
+        (KafkaRecord(good.topic, good.key, v[: 5 + (len(v) - 5) // 2]), summary.NOT_DECODED),
+        (KafkaRecord(good.topic, good.key, v[:5]), summary.NOT_DECODED),  # header, no body
+        (KafkaRecord(good.topic, good.key, v[:-1]), summary.NOT_DECODED),  # last byte cut
+        (KafkaRecord(good.topic, good.key, v[:3]), "value is not Confluent-framed Avro"),
+        (KafkaRecord(good.topic, b"\x07nope", v), "key is not Confluent-framed Avro"),
+    ]
+
+
+@pytest.mark.parametrize("decoder", list(Decoder))
+def test_malformed_records_are_quarantined_with_their_reason(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+    decoder: Decoder,
+) -> None:
+    """Wrong magic byte, unknown schema id, truncated Avro, a bad key: each is quarantined with
+    its topic, partition, offset and reason; the good transaction around them is applied."""
+    h = Harness(spark, kafka_bootstrap, registry_url, tmp_path, quarantine=True, decoder=decoder)
+    acc = accounts()
+    t1 = h.writer.transaction(1, 100).insert(acc, {"id": 1, "balance": Decimal("1.00"), "doc": "a"})
+    records = t1.records()
+    good = next(r for r in records if r.topic == acc.topic(h.prefix))
+    bad = malformed_variants(good)
+    h.send(records, partition=0)
+    h.send([r for r, _ in bad], partition=2)
+    h.run()
+    assert [(r["id"], r["doc"]) for r in h.rows("public", "accounts")] == [(1, "a")]
+    q = spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()
+    got = sorted((r["topic"], r["partition"], r["offset"], r["reason"]) for r in q)
+    assert got == [(good.topic, 2, offset, why) for offset, (_, why) in enumerate(bad)], got
+
+
+@pytest.mark.parametrize(
+    "decoder, what",
+    [(Decoder.FROM_AVRO, "event"), (Decoder.FASTAVRO, "event"), (Decoder.FROM_AVRO, "marker")],
+)
+def test_truncated_avro_stops_naming_topic_partition_offset(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    registry_url: str,
+    tmp_path: Path,
+    decoder: Decoder,
+    what: str,
+) -> None:
+    """A truncated event or marker stops the job naming it (a truncated marker used to be
+    passed over: Spark's from_avro gives a struct of nulls for it, read as a marker of no
+    transaction)."""
+    h = Harness(spark, kafka_bootstrap, registry_url, tmp_path, decoder=decoder)
+    acc = accounts()
+    t1 = h.writer.transaction(1, 100).insert(acc, {"id": 1, "balance": Decimal("1.00"), "doc": "a"})
+    records = t1.records()
+    topic = acc.topic(h.prefix) if what == "event" else f"{h.prefix}.transaction"
+    good = next(r for r in records if r.topic == topic)
+    h.send(records, partition=0)
+    truncated = KafkaRecord(good.topic, good.key, good.value[:-3])
+    h.send([truncated], partition=1 if what == "event" else 0)
+    offset = 0 if what == "event" else len([r for r in records if r.topic == topic])
+    with pytest.raises(
+        StreamingQueryException,
+        match=rf"{re.escape(summary.NOT_DECODED)}.*topic '{re.escape(good.topic)}', "
+        rf"partition {1 if what == 'event' else 0}, offset {offset}",
+    ):
+        h.run()
+    assert not Path(h.lake, "public", "accounts").exists()  # nothing applied around it

@@ -12,11 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.pgoutput import DecodeError, Decoder, PgOutputMessage, StreamStart
+from producer.pgoutput import Begin, DecodeError, Decoder, PgOutputMessage, StreamStart
 from producer.pgoutput.fastpath import FAST_PARSERS
 from producer.pgoutput.parsers import PARSERS, run_careful
+from tests.fuzz.pgoutput_fuzz import Stats, check, load_corpus
+from tests.fuzz.pgoutput_fuzz import run as fuzz_run
 from tests.support.pgoutput_encoder import encode
-from tests.unit.test_pgoutput_roundtrip import streamable, unstreamed
+from tests.support.pgoutput_strategies import streamable, unstreamed
 
 pytestmark = pytest.mark.unit
 
@@ -128,3 +130,39 @@ def test_huge_counts_fail_fast_instead_of_allocating_or_looping() -> None:
     ):
         with pytest.raises(DecodeError):
             Decoder().decode(payload)
+
+
+# The fuzzer of tests/fuzz/ (the 1M-payload run is a README command): a small run here.
+
+
+def test_real_captures_decode_and_both_paths_agree_on_them() -> None:
+    corpus = load_corpus()  # raises on any capture the decoder refuses
+    tags = {payload[0] for payload, _ in corpus}
+    assert {ord(c) for c in "BCORYIUDTMSEcAbPKrp"} <= tags  # every kind PostgreSQL 15 sends
+    stats = Stats()
+    for payload, in_stream in corpus:
+        assert check(payload, in_stream, stats) is None
+    assert stats.decoded == len(corpus) and stats.fast_compared > len(corpus) // 2
+
+
+def test_a_small_fuzz_run_finds_nothing() -> None:
+    findings: list[str] = []
+    stats = fuzz_run(20_000, seed=20, pool_size=200, on_finding=lambda *f: findings.append(repr(f)))
+    assert findings == [] and stats.findings == 0
+    assert stats.messages == 20_000
+    assert stats.round_trips > 1000 and stats.fast_compared > 5000
+    assert len(stats.errors) >= 6  # the mutations reach most error kinds
+
+
+def test_the_fuzz_check_reports_what_it_hunts(monkeypatch: pytest.MonkeyPatch) -> None:
+    begin = encode(Begin(1, 2, 3))
+    assert check(begin, False, Stats()) is None
+    # A fast parser that decodes differently from the careful one.
+    monkeypatch.setitem(FAST_PARSERS, ord("B"), lambda p, s: Begin(9, 9, 9))
+    assert "fast path" in (check(begin, False, Stats()) or "")
+    # An exception other than DecodeError.
+    monkeypatch.setitem(FAST_PARSERS, ord("B"), lambda p, s: 1 // 0)
+    assert "ZeroDivisionError" in (check(begin, False, Stats()) or "")
+    # A message that does not decode back to what was encoded.
+    monkeypatch.undo()
+    assert "round trip" in (check(begin, False, Stats(), Begin(1, 2, 4)) or "")
