@@ -2,11 +2,15 @@
 schema `Hostile Sch_…`, a table named `Wé"ird`; DROP TABLE x; --` whose columns are no Avro
 names (`Id`x`, `sp ace`, `select`, `ÜnïCode`, `a.b`, and `new`col)` added while streaming), an
 unchanged TOAST value in the column `sp ace`, and a keyless table named `../../escape`. Producer
-(WALBRIDGE_TABLES in PostgreSQL's quoting) -> Kafka -> Spark -> Delta; `verify` (narrowed by the
-same quoted list) finds the lake equal, and nothing is written outside the lake directory."""
+(WALBRIDGE_TABLES in PostgreSQL's quoting; an initial snapshot, and an incremental one asked for
+by the quoted name) -> Kafka -> Spark -> Delta; `verify` (narrowed by the same quoted list) finds
+the lake equal, and nothing is written outside the lake directory."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -18,7 +22,7 @@ from schemas.table_list import format_table
 from schemas.topics import table_topic
 from spark_consumer import verify
 from spark_consumer.config import VerifyConfig
-from tests.e2e.harness import pipeline
+from tests.e2e.harness import Pipeline, pipeline
 from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
@@ -26,6 +30,25 @@ pytestmark = pytest.mark.e2e
 
 TABLE = 'Wé"ird`; DROP TABLE x; --'
 ESCAPE = "../../escape"
+
+
+def wait_snapshots_done(p: Pipeline, started: bool = False, timeout: float = 240) -> None:
+    """Until /readyz no longer says `snapshotting` (``started``: after it said so once, or a
+    `snapshot done` line is in the log)."""
+    deadline = time.monotonic() + timeout
+    seen = not started
+    while True:
+        status, body = p.producer.http("/readyz")
+        busy = "snapshotting" in body
+        seen = (
+            seen
+            or busy
+            or p.producer.log_path.read_text(errors="replace").count("snapshot done") >= 3
+        )
+        if status == 200 and seen and not busy:
+            return
+        assert time.monotonic() < deadline, p.producer.log()
+        time.sleep(0.5)
 
 
 def ident(name: str) -> str:
@@ -61,11 +84,19 @@ def test_hostile_identifiers_end_to_end(
             listed = f"{format_table(schema, TABLE)}, {format_table(schema, ESCAPE)}"
             assert '""' in listed and '"../../escape"' in listed  # quoted where needed
             p.producer.env["WALBRIDGE_TABLES"] = listed
-            p.start_producer()
+            # Rows from before the slot: read by the initial snapshot (chunked by the key).
+            p.producer.env["WALBRIDGE_SNAPSHOT"] = "initial"
+            p.producer.env["WALBRIDGE_SNAPSHOT_CHUNK_ROWS"] = "7"
             p.sql(
                 f"INSERT INTO {weird} SELECT g, CASE WHEN g = 1 THEN '{big}' ELSE 's ' || g END,"
-                " g * 10, 'Ü' || g, g / 4.0 FROM generate_series(1, 40) g",
+                " g * 10, 'Ü' || g, g / 4.0 FROM generate_series(1, 30) g",
                 f"INSERT INTO {escape} SELECT 'x/' || g, g FROM generate_series(1, 5) g",
+            )
+            p.start_producer()
+            wait_snapshots_done(p)
+            p.sql(
+                f"INSERT INTO {weird} SELECT g, 's ' || g, g * 10, 'Ü' || g, g / 4.0"
+                " FROM generate_series(31, 40) g",
                 f"INSERT INTO {escape} VALUES ('dup', 1), ('dup', 1)",
             )
             p.sql(
@@ -86,6 +117,17 @@ def test_hostile_identifiers_end_to_end(
                 f'UPDATE {weird} SET "select" = -2 WHERE "Id`x" = 1',  # TOAST unsent again
                 f"INSERT INTO {weird} VALUES (200, 'late', 1, 'ï', 0.5, 'new)')",
             )
+            p.wait_published()
+            # An incremental snapshot asked for by the quoted name (the snapshot command).
+            request = subprocess.run(
+                [sys.executable, "-m", "producer", "snapshot", format_table(schema, TABLE)],
+                env={**p.producer.env},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert request.returncode == 0, request.stderr
+            wait_snapshots_done(p, started=True)
             p.wait_published()
             p.consume_available()
 
