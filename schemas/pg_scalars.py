@@ -96,7 +96,8 @@ def _unscaled_bytes(unscaled: int) -> bytes:
 def _decimal_unscaled(value: Decimal, scale: int) -> int:
     """The integer ``value * 10**scale``, exactly (no Decimal context rounding)."""
     sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)
+    if not isinstance(exponent, int):  # 'n'/'N'/'F': a NaN or infinity spelt unlike PostgreSQL
+        raise ValueError(f"{value} is not a finite number")
     magnitude = int("".join(map(str, digits)) or "0")
     shift = exponent + scale
     if shift >= 0:

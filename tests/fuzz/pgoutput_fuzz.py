@@ -19,6 +19,12 @@ repeatable):
   round-trip tests (tests/support/pgoutput_strategies.py), encoded by the independent test
   encoder, sent as they are (they must decode back to themselves) or mutated as above;
 - a known tag followed by random bytes.
+A fourth target is the producer's TupleData fast path (`schemas/row_encoder.py`'s `wire` twin,
+which encodes an Insert's tuple straight from the payload): Insert payloads of a table with one
+column of each edge value of the type table (tests/unit/test_schemas_convert.py, text and binary),
+NULLs and unchanged TOAST, their tuples mutated; the twin must never raise, and whenever it
+reaches the payload's end its (row, unchanged TOAST, key) bytes must equal what decoding the
+payload and encoding the decoded tuple give (it may give up: the careful path then decides).
 Findings are written as `<in_stream> <hex>` lines to --findings; the exit status is 1 if any.
 """
 
@@ -132,6 +138,77 @@ class Mutator:
         return bytes(data)
 
 
+class WireTarget:
+    """The TupleData fast path of one many-typed table, and Insert payloads for it."""
+
+    def __init__(self, rng: random.Random) -> None:
+        from producer.pgoutput import UNCHANGED_TOAST, Column, Relation, Value
+        from schemas import row_encoder
+        from schemas.relation import build_relation_codec
+        from schemas.type_catalog import TypeCatalog
+        from tests.unit.test_schemas_convert import CASES  # every mapped type's edge values
+
+        labels = sorted(CASES)
+        columns = (
+            Column(1, "id", 20, -1, True),
+            *(Column(0, f"c{i}", CASES[k][0], CASES[k][1], False) for i, k in enumerate(labels)),
+        )
+        relation = Relation(None, 1, "public", "t", "d", columns)
+        self.codec = build_relation_codec(relation, TypeCatalog(), "db.public.t")
+        wire = row_encoder.wire_encoder(self.codec.encode_row_key)
+        assert wire is not None
+        self.wire = wire
+        self.rng = rng
+        self.key = Value(b"42", False)
+        self.text = [Value(CASES[k][2], False) for k in labels]
+        self.binary = [Value(CASES[k][3], True) for k in labels]
+        self.toast = UNCHANGED_TOAST
+
+    def payload(self) -> bytes:
+        rng = self.rng
+        values: list[Any] = []
+        for text, binary in zip(self.text, self.binary, strict=True):
+            roll = rng.random()
+            values.append(
+                text
+                if roll < 0.6
+                else binary
+                if roll < 0.85
+                else None
+                if roll < 0.95
+                else self.toast
+            )
+        from producer.pgoutput import Insert
+
+        return encode(Insert(None, 1, (self.key, *values)))
+
+
+def check_wire(target: WireTarget, payload: bytes, stats: Stats) -> str | None:
+    """The fast path's answer for ``payload`` (TupleData at offset 6) against the careful one."""
+    stats.wire_compared += 1
+    try:
+        result = target.wire(payload, 6)
+    except Exception as exc:
+        return f"wire twin raised {type(exc).__name__}: {exc}"
+    if result is None or result[3] != len(payload):
+        return None  # gave up, or stopped short of the end: the careful path decides
+    stats.wire_accepted += 1
+    try:
+        message = Decoder().decode(payload)
+    except DecodeError as error:
+        return f"wire twin accepted what the decoder refuses: {error}"
+    new = getattr(message, "new", None)
+    if new is None:
+        return f"wire twin accepted a {type(message).__name__}"
+    try:
+        careful = target.codec.encode_row_key(new)
+    except Exception as exc:
+        return f"wire twin accepted what the encoder refuses: {type(exc).__name__}: {exc}"
+    if tuple(result[:3]) != tuple(careful):
+        return f"wire twin {result[:3]!r} != careful {careful!r}"
+    return None
+
+
 @dataclass
 class Stats:
     messages: int = 0
@@ -139,6 +216,8 @@ class Stats:
     errors: Counter[str] = field(default_factory=Counter)  # DecodeError kinds
     sources: Counter[str] = field(default_factory=Counter)
     fast_compared: int = 0
+    wire_compared: int = 0  # TupleData fast path runs
+    wire_accepted: int = 0  # of which it reached the end (and was compared)
     round_trips: int = 0
     findings: int = 0
     max_ms: float = 0.0
@@ -152,6 +231,8 @@ class Stats:
             "decode_errors_by_kind": dict(sorted(self.errors.items())),
             "by_source": dict(sorted(self.sources.items())),
             "fast_path_compared": self.fast_compared,
+            "tuple_fast_path_runs": self.wire_compared,
+            "tuple_fast_path_compared": self.wire_accepted,
             "round_trips": self.round_trips,
             "findings": self.findings,
             "max_ms_per_message": round(self.max_ms, 3),
@@ -211,11 +292,22 @@ def payloads(
     rng: random.Random,
     corpus: list[tuple[bytes, bool]],
     pool: list[tuple[bytes, bool, PgOutputMessage]],
+    wire: WireTarget,
 ) -> Iterator[tuple[str, bytes, bool, PgOutputMessage | None]]:
-    """(source, payload, in_stream, expected message or None), forever."""
+    """(source, payload, in_stream, expected message or None), forever. Source `wire`: an
+    Insert for the TupleData fast path, its header intact, its tuple maybe mutated."""
     mutate = Mutator(rng, [p for p, _ in corpus] + [p for p, _, _ in pool[:500]])
+    tuple_mutate = Mutator(rng, [])  # no splices or tag swaps: they only hit the header
     while True:
         roll = rng.random()
+        if roll < 0.2:
+            payload = wire.payload()
+            if rng.random() < 0.8:
+                body = bytearray(tuple_mutate(payload[6:]))
+                payload = payload[:6] + bytes(body)
+            yield "wire", payload, False, None
+            continue
+        roll = (roll - 0.2) / 0.8
         if roll < 0.45:
             payload, in_stream = rng.choice(corpus)
             if rng.random() < 0.05:
@@ -248,7 +340,8 @@ def run(
     stats = Stats()
     clock = time.perf_counter
     started = clock()
-    source = payloads(rng, corpus, pool)
+    wire = WireTarget(rng)
+    source = payloads(rng, corpus, pool, wire)
     chunk = 10_000
     try:
         while stats.messages < messages:
@@ -258,7 +351,10 @@ def run(
                 kind, payload, in_stream, expected = next(source)
                 stats.sources[kind] += 1
                 t0 = clock()
-                finding = check(payload, in_stream, stats, expected)
+                if kind == "wire":
+                    finding = check_wire(wire, payload, stats)
+                else:
+                    finding = check(payload, in_stream, stats, expected)
                 took = clock() - t0
                 stats.messages += 1
                 stats.max_ms = max(stats.max_ms, took * 1000)

@@ -6,16 +6,26 @@ what the careful, field-by-field parsers do, with the same error.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.pgoutput import Begin, DecodeError, Decoder, PgOutputMessage, StreamStart
+from producer.pgoutput import (
+    Begin,
+    DecodeError,
+    Decoder,
+    Insert,
+    PgOutputMessage,
+    StreamStart,
+    Value,
+)
 from producer.pgoutput.fastpath import FAST_PARSERS
 from producer.pgoutput.parsers import PARSERS, run_careful
-from tests.fuzz.pgoutput_fuzz import Stats, check, load_corpus
+from schemas.errors import ConversionError
+from tests.fuzz.pgoutput_fuzz import Stats, WireTarget, check, check_wire, load_corpus
 from tests.fuzz.pgoutput_fuzz import run as fuzz_run
 from tests.support.pgoutput_encoder import encode
 from tests.support.pgoutput_strategies import streamable, unstreamed
@@ -151,6 +161,7 @@ def test_a_small_fuzz_run_finds_nothing() -> None:
     assert findings == [] and stats.findings == 0
     assert stats.messages == 20_000
     assert stats.round_trips > 1000 and stats.fast_compared > 5000
+    assert stats.wire_accepted > 500  # the TupleData fast path compared on whole tuples
     assert len(stats.errors) >= 6  # the mutations reach most error kinds
 
 
@@ -166,3 +177,30 @@ def test_the_fuzz_check_reports_what_it_hunts(monkeypatch: pytest.MonkeyPatch) -
     # A message that does not decode back to what was encoded.
     monkeypatch.undo()
     assert "round trip" in (check(begin, False, Stats(), Begin(1, 2, 4)) or "")
+
+
+def test_a_numeric_nan_spelt_unlike_postgresql_is_a_conversion_error() -> None:
+    """Found by the fuzzer's TupleData target: `nan` (PostgreSQL writes `NaN`) in a
+    numeric(12,2) column raised a bare AssertionError from both paths."""
+    target = WireTarget(random.Random(0))
+    column = next(i for i, c in enumerate(target.codec.columns) if c.pg_type == "numeric(12,2)")
+    values: list[Any] = [target.key, *target.text]
+    for spelling in (b"nan", b"sNaN", b"inf", b"-infinity"):
+        values[column] = Value(spelling, False)
+        payload = encode(Insert(None, 1, tuple(values)))
+        assert target.wire(payload, 6) is None  # the fast path gives up
+        with pytest.raises(ConversionError, match=r"not a finite number"):
+            target.codec.encode_row_key(tuple(values))
+        assert check_wire(target, payload, Stats()) is None
+
+
+def test_the_tuple_fast_path_check_reports_disagreement() -> None:
+    target = WireTarget(random.Random(0))
+    payload = target.payload()
+    assert check_wire(target, payload, Stats()) is None
+    real = target.wire
+    target.wire = lambda buf, pos: (b"x", [], None, len(buf))  # type: ignore[assignment]
+    assert "!= careful" in (check_wire(target, payload, Stats()) or "")
+    target.wire = lambda buf, pos: 1 // 0  # type: ignore[assignment,return-value]
+    assert "raised ZeroDivisionError" in (check_wire(target, payload, Stats()) or "")
+    target.wire = real
