@@ -77,10 +77,21 @@ class TableTopics:
         self._owners: dict[str, tuple[str, str] | str] = {
             _kafka_collision_key(f(prefix)): f(prefix) for f in own
         }
+        # `schema.table`, unquoted, names a table in markers, the progress table and snapshot
+        # signals (as Debezium's data collections do): `a.b`.`c` and `a`.`b.c` would share one.
+        self._collections: dict[str, tuple[str, str]] = {}
         for schema, table in tables:
             self.topic(schema, table)
 
     def topic(self, schema: str, table: str) -> str:
+        collection = f"{schema}.{table}"
+        other_table = self._collections.setdefault(collection, (schema, table))
+        if other_table != (schema, table):
+            raise TopicNameError(
+                f"tables {schema!r}.{table!r} and {other_table[0]!r}.{other_table[1]!r} share "
+                f"the name {collection!r} that transaction markers, the progress table and "
+                'snapshot signals use (CONTRACT.md, "Names"); rename one of them'
+            )
         topic = table_topic(self.prefix, schema, table)
         key = _kafka_collision_key(topic)
         owner = self._owners.setdefault(key, (schema, table))

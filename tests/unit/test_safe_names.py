@@ -96,6 +96,13 @@ def test_kafka_dot_underscore_collisions_are_refused() -> None:
         TableTopics("db", [("s_x", "t"), ("s", "x_t")])
 
 
+def test_tables_sharing_a_data_collection_name_are_refused() -> None:
+    # Different topics, but markers and the progress table would name both "a.b.c".
+    assert table_topic("db", "a.b", "c") != table_topic("db", "a", "b.c")
+    with pytest.raises(TopicNameError, match=r"share the name 'a\.b\.c'"):
+        TableTopics("db", [("a.b", "c"), ("a", "b.c")])
+
+
 def test_prefix_must_be_a_valid_topic_name() -> None:
     assert check_prefix("prod.cdc-1") == "prod.cdc-1"
     for bad in ("my db", "db/x", "", "..", "é"):
