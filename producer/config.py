@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Final
 
 from producer.errors import ConfigError
 from schemas import settings
+from schemas.client_config import ClientConfigError, registry_client_config, with_secret_files
 from schemas.topics import TopicNameError, check_prefix
 from schemas.type_mapping import TIMESTAMPTZ_FORMATS, TIMESTAMPTZ_MICROS
 
@@ -35,7 +36,8 @@ def _bool(text: str) -> bool:
 
 @dataclass(frozen=True)
 class ProducerConfig:
-    pg_dsn: str
+    # Settings that may hold a password stay out of repr (and so out of logs and tracebacks).
+    pg_dsn: str = field(repr=False)
     kafka_bootstrap: str
     schema_registry_url: str
     publication: str = "walbridge"
@@ -55,7 +57,11 @@ class ProducerConfig:
     linger_ms: int = 10
     queue_max_messages: int = 100_000  # librdkafka's local queue bound (back-pressure)
     message_timeout_ms: int = 300_000  # a delivery failing for this long stops the producer
-    kafka_config: str = ""  # extra librdkafka settings "k=v,k=v" (TLS, SASL, ...)
+    kafka_config: str = field(
+        default="", repr=False
+    )  # extra librdkafka settings "k=v,k=v" (TLS, SASL, ...)
+    # SchemaRegistryClient settings "k=v,k=v" (basic.auth.user.info, ssl.ca.location, ...)
+    schema_registry_config: str = field(default="", repr=False)
     registry_max_attempts: int = 0  # per registry call; 0 = retry an outage forever
     messages: bool = True  # publish pg_logical_emit_message records
     heartbeat_interval_s: float = 10.0  # 0: no heartbeat records
@@ -123,9 +129,16 @@ class ProducerConfig:
                 check_prefix(self.topic_prefix)
             except TopicNameError as exc:
                 raise ConfigError(str(exc)) from exc
+        self.registry_client_config()
 
     def librdkafka_extra(self) -> dict[str, str]:
         return parse_kafka_config(self.kafka_config)
+
+    def registry_client_config(self) -> dict[str, str | int]:
+        try:
+            return registry_client_config(self.schema_registry_config)
+        except ClientConfigError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 # Settings whose librdkafka keys the producer sets itself: overriding them would break the
@@ -142,13 +155,14 @@ RESERVED_KAFKA_KEYS: Final = frozenset(
 
 def parse_kafka_config(text: str) -> dict[str, str]:
     extra: dict[str, str] = {}
-    for item in (part.strip() for part in text.split(",")):
+    for number, item in enumerate((part.strip() for part in text.split(",")), 1):
         if not item:
             continue
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise ConfigError(f"kafka_config item {item!r} is not key=value")
+            # Its position, not its text: a comma inside a password splits it into such items.
+            raise ConfigError(f"kafka_config: item {number} is not key=value")
         if key in RESERVED_KAFKA_KEYS:
             raise ConfigError(f"kafka_config must not set {key!r}: the producer sets it itself")
         extra[key] = value.strip()
@@ -211,6 +225,10 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
     if unknown:
         raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
     try:
+        env = with_secret_files(env)  # WALBRIDGE_<NAME>_FILE: a secret mounted as a file
+    except ClientConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
         flags = vars(build_parser().parse_args(list(argv)))
     except SystemExit as exc:  # argparse already printed the reason (or the --help text)
         if exc.code == 0:
@@ -228,7 +246,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
                 raise ConfigError(f"{env_name(name)}: {exc}") from exc
         from_flag = flags[name]
         if from_flag is not None and from_env is not None and from_flag != from_env:
-            secret = name in ("pg_dsn", "kafka_config")  # may hold passwords
+            secret = name in ("pg_dsn", "kafka_config", "schema_registry_config")
             shown = "***" if secret else f"{from_env!r} vs {from_flag!r}"
             raise ConfigError(f"--{_flag(name)} and {env_name(name)} disagree ({shown}); set one")
         value = from_flag if from_flag is not None else from_env

@@ -9,6 +9,7 @@ and retry, while ``on_wait`` keeps the replication connection alive.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 _BACKPRESSURE_POLL_S = 0.05
+_FATAL_CAUSE_WAIT_S = 5.0
 _QUEUE_MAX_KBYTES = 64 * 1024  # librdkafka's default is 1 GiB: far above the 300 MB budget
 
 
@@ -149,7 +151,23 @@ class KafkaSink:
 
     def raise_failure(self) -> None:
         if self.failure is not None:
-            raise self.failure
+            failure = self.failure
+            # Deliveries fail as "Local: Fatal error"; the cause (e.g. an authorization
+            # refused) comes as an error event that may lag behind them: wait for it briefly
+            # (the producer stops anyway) so the error names what was refused.
+            deadline = time.monotonic() + _FATAL_CAUSE_WAIT_S
+            while self.fatal is None and "_FATAL" in failure.detail:
+                if time.monotonic() > deadline:
+                    break
+                self._producer.poll(0.1)
+            if self.fatal is not None and self.fatal not in failure.detail:
+                failure = DeliveryError(
+                    failure.topic,
+                    failure.table,
+                    failure.commit_lsn,
+                    f"{failure.detail}, caused by: {self.fatal}",
+                )
+            raise failure
         if self.fatal is not None:
             raise DeliveryError("*", "*", None, f"fatal producer error: {self.fatal}")
 

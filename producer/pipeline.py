@@ -201,11 +201,10 @@ class Pipeline:
             # confluent-kafka's produce itself, bound once: the hot path skips the sink's
             # wrapper (a full queue is still handled by the sink, see _produce).
             self._kafka_produce = self.sink.raw_produce
-            from confluent_kafka.admin import AdminClient
 
             extra = cfg.librdkafka_extra()
-            self.topics = TopicManager(
-                AdminClient({**extra, "bootstrap.servers": cfg.kafka_bootstrap}),
+            self.topics = TopicManager.connect(
+                {**extra, "bootstrap.servers": cfg.kafka_bootstrap},
                 TopicPolicy(
                     cfg.create_topics,
                     cfg.topic_partitions,
@@ -361,6 +360,7 @@ class Pipeline:
             # them here on every start would undo the override that resolves a refused change.
             RegistryConfig(
                 url=self.config.schema_registry_url,
+                client_config=self.config.registry_client_config(),
                 max_attempts=self.config.registry_max_attempts,
                 manage_compatibility=False,
             ),

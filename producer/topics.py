@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -23,13 +24,62 @@ class TopicPolicy:
     retention_ms: int  # 0: broker default
 
 
+class ClientErrors:
+    """librdkafka's error_cb: keeps the last error it reported. A refused login or TLS
+    handshake reaches the caller only as "Broker transport failure"; this says why."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        log.warning("Kafka admin client error", extra={"error": str(error)})
+        # "all brokers are down" follows the error that says why; keep that one.
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and self.last is not None:
+            return
+        self.last = str(error)
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            # A listener that hangs up on the first request (plaintext to TLS) is reported
+            # only as a disconnect in librdkafka's log, not as an error: point there.
+            self.last += (
+                ": no broker answered; check the bootstrap address, and that security.protocol "
+                "in WALBRIDGE_KAFKA_CONFIG matches the listener (librdkafka's FAIL lines above)"
+            )
+
+
 class TopicManager:
     """Creates (or checks) each topic once per process, before its first event is produced."""
 
-    def __init__(self, admin: AdminClient, policy: TopicPolicy) -> None:
+    def __init__(
+        self, admin: AdminClient, policy: TopicPolicy, errors: ClientErrors | None = None
+    ) -> None:
         self._admin = admin
         self._policy = policy
+        self._errors = errors
         self._ready: set[str] = set()
+
+    @classmethod
+    def connect(cls, settings: dict[str, Any], policy: TopicPolicy) -> TopicManager:
+        """An AdminClient with `settings` (librdkafka's), logging through `logging` (JSON)."""
+        errors = ClientErrors()
+        conf: dict[str, Any] = {
+            **settings,
+            "error_cb": errors,
+            "logger": logging.getLogger("librdkafka"),
+        }
+        admin = AdminClient(conf)
+        return cls(admin, policy, errors)
+
+    def _metadata(self) -> dict[str, Any]:
+        try:
+            return dict(self._admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics)
+        except KafkaException as exc:
+            self._admin.poll(0)  # serves the error callbacks queued meanwhile
+            reason = self._errors.last if self._errors is not None else None
+            if reason is None:
+                raise
+            raise KafkaException(
+                KafkaError(exc.args[0].code(), f"{exc.args[0].str()}; the client said: {reason}")
+            ) from exc
 
     def ensure(
         self,
@@ -44,7 +94,7 @@ class TopicManager:
         wanted = [t for t in dict.fromkeys(topics) if t not in self._ready]
         if not wanted:
             return
-        metadata = self._admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics
+        metadata = self._metadata()
         existing = set(metadata)
         if single_partition:
             for topic in wanted:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,17 @@ except ImportError:  # pragma: no cover - older confluent-kafka
     from httpx import TransportError, UnsupportedProtocol  # type: ignore[no-redef]
 
 log = logging.getLogger(__name__)
+
+
+def _untrusted_certificate(exc: BaseException) -> bool:
+    """httpx wraps the ssl module's verification error; look along the cause chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
 
 COMPATIBILITY_LEVELS: Final = frozenset(
     {
@@ -274,6 +286,12 @@ class SchemaRegistry:
             except UnsupportedProtocol as exc:  # a configuration error: retrying cannot help
                 raise RegistryError(subject, 0, -1, f"{operation}: {exc}") from exc
             except (TransportError, OSError) as exc:
+                if _untrusted_certificate(exc):  # configuration, not an outage: don't retry
+                    raise RegistryError(
+                        subject, 0, -1,
+                        f"{operation}: the registry's TLS certificate is not trusted ({exc}); "
+                        "check ssl.ca.location in WALBRIDGE_SCHEMA_REGISTRY_CONFIG",
+                    ) from exc  # fmt: skip
                 error = exc
             if self.config.max_attempts and attempt >= self.config.max_attempts:
                 raise RegistryUnavailableError(subject, attempt, f"{operation}: {error}") from error

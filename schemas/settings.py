@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+from schemas.client_config import SECRET_FILES
+
 PRODUCER: Final = frozenset({
     "WALBRIDGE_PG_DSN", "WALBRIDGE_KAFKA_BOOTSTRAP", "WALBRIDGE_SCHEMA_REGISTRY_URL",
     "WALBRIDGE_PUBLICATION", "WALBRIDGE_SLOT", "WALBRIDGE_TABLES",
@@ -23,6 +25,7 @@ PRODUCER: Final = frozenset({
     "WALBRIDGE_STATUS_INTERVAL_S", "WALBRIDGE_LAG_INTERVAL_S", "WALBRIDGE_SHUTDOWN_GRACE_S",
     "WALBRIDGE_LOG_LEVEL", "WALBRIDGE_SNAPSHOT", "WALBRIDGE_SNAPSHOT_CHUNK_ROWS",
     "WALBRIDGE_SNAPSHOT_CHUNK_BYTES", "WALBRIDGE_TIMESTAMPTZ_FORMAT",
+    "WALBRIDGE_SCHEMA_REGISTRY_CONFIG",
 })  # fmt: skip
 
 CONSUMER: Final = frozenset({
@@ -31,6 +34,7 @@ CONSUMER: Final = frozenset({
     "WALBRIDGE_AVAILABLE_NOW", "WALBRIDGE_QUARANTINE_PATH", "WALBRIDGE_MAX_PENDING_AGE_S",
     "WALBRIDGE_MAX_PENDING_RECORDS", "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER", "WALBRIDGE_DECODER",
     "WALBRIDGE_MERGE_THREADS", "WALBRIDGE_CONSUMER_METRICS_PORT",
+    "WALBRIDGE_KAFKA_CONFIG", "WALBRIDGE_SCHEMA_REGISTRY_CONFIG",
     # verify
     "WALBRIDGE_PG_DSN", "WALBRIDGE_PUBLICATION", "WALBRIDGE_TABLES",
     # the Spark session and logging, for run and verify
@@ -50,9 +54,13 @@ LOCAL_STACK: Final = frozenset({
     "WALBRIDGE_KAFKA_BROKERS",
     # deploy/local/debezium-server (the side-by-side benchmark): a Java 21+ binary
     "WALBRIDGE_DEBEZIUM_JAVA",
+    # `WALBRIDGE_STACK_SECURE=1 stack up`: TLS, SASL, ACLs (on topics, ids and groups with the
+    # ACL prefix) and the registry's TLS front on WALBRIDGE_REGISTRY_PORT, Apicurio behind it
+    "WALBRIDGE_STACK_SECURE", "WALBRIDGE_STACK_ACL_PREFIX", "WALBRIDGE_REGISTRY_INTERNAL_PORT",
 })  # fmt: skip
 
-ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK
+# WALBRIDGE_<NAME>_FILE: a secret setting read from a file, for the producer and the consumer.
+ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK | SECRET_FILES
 PREFIX: Final = "WALBRIDGE_"
 
 

@@ -48,7 +48,10 @@ def _run(argv: list[str]) -> int:
         metrics.serve("0.0.0.0", config.metrics_port)
     spark = build_session("walbridge-consumer")
     processor = BatchProcessor(
-        spark, config, WriterSchemas.from_url(config.schema_registry_url), metrics=metrics
+        spark,
+        config,
+        WriterSchemas.from_url(config.schema_registry_url, config.registry_config),
+        metrics=metrics,
     )
     from pyspark.errors import StreamingQueryException
 

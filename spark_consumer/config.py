@@ -10,11 +10,18 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
 from schemas import settings
+from schemas.client_config import (
+    ClientConfigError,
+    java_kafka_options,
+    parse_pairs,
+    registry_client_config,
+    with_secret_files,
+)
 from schemas.safe_names import lake_table_path
 from schemas.table_list import TableListError, parse_table_list
 from spark_consumer.errors import ConfigError
@@ -60,6 +67,15 @@ class ConsumerConfig:
     decoder: Decoder = Decoder.FROM_AVRO
     merge_threads: int = 4  # tables merged concurrently within a batch
     metrics_port: int = 0  # 0: no HTTP endpoint (the command line's default is 9465)
+    # WALBRIDGE_KAFKA_CONFIG (librdkafka keys: the AdminClient's) and WALBRIDGE_SCHEMA_REGISTRY_CONFIG;
+    # out of repr, since they may hold passwords.
+    kafka_config: Mapping[str, str] = field(default_factory=dict, repr=False)
+    registry_config: Mapping[str, str | int] = field(default_factory=dict, repr=False)
+
+    @property
+    def spark_kafka_options(self) -> dict[str, str]:
+        """The Kafka settings as Spark's Kafka source options (`kafka.` + the Java client's key)."""
+        return {f"kafka.{k}": v for k, v in java_kafka_options(self.kafka_config).items()}
 
     @property
     def progress_path(self) -> str:
@@ -99,6 +115,8 @@ RUN_ENV: Final = {
     "decoder": "WALBRIDGE_DECODER",
     "merge_threads": "WALBRIDGE_MERGE_THREADS",
     "metrics_port": "WALBRIDGE_CONSUMER_METRICS_PORT",
+    "kafka_config": "WALBRIDGE_KAFKA_CONFIG",
+    "schema_registry_config": "WALBRIDGE_SCHEMA_REGISTRY_CONFIG",
 }
 VERIFY_ENV: Final = {
     "pg_dsn": "WALBRIDGE_PG_DSN",
@@ -108,11 +126,15 @@ VERIFY_ENV: Final = {
 }
 
 
-def _check_env_names(env: Mapping[str, str]) -> None:
+def _checked_env(env: Mapping[str, str]) -> dict[str, str]:
     # Every tool's variables are known (one shell carries them all): schemas.settings.
     unknown = settings.unknown(env)
     if unknown:
         raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
+    try:
+        return with_secret_files(env)  # WALBRIDGE_<NAME>_FILE: a secret mounted as a file
+    except ClientConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -124,6 +146,10 @@ def run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kafka-bootstrap")
     p.add_argument("--schema-registry-url")
+    p.add_argument("--kafka-config", help="librdkafka security settings k=v,k=v (TLS, SASL)")
+    p.add_argument(
+        "--schema-registry-config", help="SchemaRegistryClient settings k=v,k=v (TLS, auth)"
+    )
     p.add_argument("--topic-prefix")
     p.add_argument("--lake-path")
     p.add_argument("--checkpoint-path", help="default: <lake>/_walbridge/checkpoint")
@@ -173,7 +199,8 @@ _PARSE_ENV: Final[dict[str, Callable[[str], Any]]] = {
     "metrics_port": int,
 }
 
-_SECRET: Final = frozenset({"pg_dsn"})  # may hold a password: never echoed
+# May hold a password: never echoed.
+_SECRET: Final = frozenset({"pg_dsn", "kafka_config", "schema_registry_config"})
 
 
 def _merged(
@@ -190,7 +217,8 @@ def _merged(
             try:
                 from_env = _PARSE_ENV.get(dest, str)(raw)
             except ValueError as exc:
-                raise ConfigError(f"{var}={raw!r}: {exc}") from exc
+                shown = "***" if dest in _SECRET else repr(raw)
+                raise ConfigError(f"{var}={shown}: {exc}") from exc
         if flag is not None and from_env is not None and flag != from_env:
             shown = "***" if dest in _SECRET else f"{flag!r} vs {from_env!r}"
             raise ConfigError(f"--{dest.replace('_', '-')} and {var} disagree ({shown}); set one")
@@ -209,8 +237,7 @@ def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argpars
 
 
 def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
-    _check_env_names(env)
-    v = _merged(_parse_args(run_parser(), argv), env, RUN_ENV)
+    v = _merged(_parse_args(run_parser(), argv), _checked_env(env), RUN_ENV)
     missing = [
         f"--{dest.replace('_', '-')} / {RUN_ENV[dest]}"
         for dest in ("kafka_bootstrap", "schema_registry_url", "topic_prefix", "lake_path")
@@ -253,6 +280,12 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         raise ConfigError(
             f"decoder {v['decoder']!r} is not one of {[d.value for d in Decoder]}"
         ) from exc
+    try:
+        kafka_config = parse_pairs(v["kafka_config"] or "", "WALBRIDGE_KAFKA_CONFIG")
+        java_kafka_options(kafka_config)  # every key must translate for Spark: fail now
+        registry_config = registry_client_config(v["schema_registry_config"] or "")
+    except ClientConfigError as exc:
+        raise ConfigError(str(exc)) from None
     lake = v["lake_path"].rstrip("/")
     checkpoint = v["checkpoint_path"] or f"{lake}/_walbridge/checkpoint"
     if v["quarantine_path"] and _inside(v["quarantine_path"], checkpoint):
@@ -272,6 +305,8 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         decoder=decoder,
         merge_threads=merge_threads,
         metrics_port=metrics_port,
+        kafka_config=kafka_config,
+        registry_config=registry_config,
     )
 
 
@@ -295,8 +330,7 @@ def verify_parser() -> argparse.ArgumentParser:
 
 
 def parse_verify(argv: Sequence[str], env: Mapping[str, str]) -> VerifyConfig:
-    _check_env_names(env)
-    v = _merged(_parse_args(verify_parser(), argv), env, VERIFY_ENV)
+    v = _merged(_parse_args(verify_parser(), argv), _checked_env(env), VERIFY_ENV)
     missing = [
         f"--{dest.replace('_', '-')} / {VERIFY_ENV[dest]}"
         for dest in ("pg_dsn", "lake_path", "publication")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -19,9 +20,10 @@ class WriterSchemas:
         self._text: dict[int, str] = {}
 
     @classmethod
-    def from_url(cls, url: str) -> WriterSchemas:
-        # new_client gives the in-process mock for mock:// URLs (unit tests).
-        return cls(SchemaRegistryClient.new_client({"url": url}))
+    def from_url(cls, url: str, client_config: Mapping[str, Any] | None = None) -> WriterSchemas:
+        # new_client gives the in-process mock for mock:// URLs (unit tests). client_config:
+        # TLS and auth (WALBRIDGE_SCHEMA_REGISTRY_CONFIG).
+        return cls(SchemaRegistryClient.new_client({**(client_config or {}), "url": url}))
 
     def text(self, schema_id: int) -> str:
         """The writer schema's canonical JSON text, as Spark's from_avro wants it."""

@@ -18,7 +18,8 @@ def check_transaction_topic(config: ConsumerConfig, timeout_s: float = 30.0) -> 
 
     topic = transaction_topic(config.topic_prefix)
     # All topics, not just this one: asking for a missing topic can auto-create it.
-    meta = AdminClient({"bootstrap.servers": config.kafka_bootstrap}).list_topics(timeout=timeout_s)
+    admin = AdminClient({**config.kafka_config, "bootstrap.servers": config.kafka_bootstrap})
+    meta = admin.list_topics(timeout=timeout_s)
     info = meta.topics.get(topic)
     if info is None or info.error is not None:
         return
@@ -43,6 +44,8 @@ def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
         # New table topics appear while running; look for them often.
         .option("kafka.metadata.max.age.ms", "5000")
     )
+    # TLS and SASL settings (WALBRIDGE_KAFKA_CONFIG), as the Java client's `kafka.*` options.
+    reader = reader.options(**config.spark_kafka_options)
     if config.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
     return reader.load()

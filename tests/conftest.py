@@ -38,12 +38,27 @@ class Stack:
         return subprocess.run([str(STACK), *args], check=True, text=True, capture_output=True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--secure-stack",
+        action="store_true",
+        help="run against a secure stack (WALBRIDGE_STACK_SECURE=1: TLS, SASL, ACLs, auth) that "
+        "the session starts on free ports in its own state directory; only the tests marked "
+        "secure_stack run",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The directory decides the kind, so a forgotten marker can't put a service test among unit tests.
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT).parts
         if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, parts[1]))
+    if config.getoption("--secure-stack"):
+        # Tests that stop services or speak plaintext Kafka themselves are not marked.
+        keep = [i for i in items if i.get_closest_marker("secure_stack")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
 
 def _running_services() -> set[str]:
@@ -57,7 +72,14 @@ def _stack_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    if request.config.getoption("--secure-stack"):
+        from tests.support import security
+        from tests.support.secure_stack import secure_stack
+
+        with secure_stack() as secure, security.activated(secure.credentials()):
+            yield Stack(secure.admin_dsn, secure.bootstrap, secure.registry_url, managed=False)
+        return
     if all(os.environ.get(k) for k in ENV_KEYS):
         yield Stack(
             os.environ["WALBRIDGE_PG_DSN"],

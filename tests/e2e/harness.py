@@ -18,12 +18,14 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from schemas.client_config import parse_pairs, registry_client_config
 from schemas.safe_names import lake_table_path
 from spark_consumer import verify
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, VerifyConfig
 from spark_consumer.registry import WriterSchemas
 from spark_consumer.source import start
+from tests.support import security
 from tests.support.producer_harness import ProducerProcess, Source, sql
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,12 +85,16 @@ class Pipeline:
             trigger=None,
             available_now=True,
         )
+        creds = security.active()
+        if creds is not None:  # the secure stack's consumer principal
+            settings["kafka_config"] = parse_pairs(creds.consumer_kafka, "kafka")
+            settings["registry_config"] = registry_client_config(creds.consumer_registry)
         return ConsumerConfig(**{**settings, **overrides})
 
     def processor(self, **overrides: Any) -> BatchProcessor:
-        return BatchProcessor(
-            self.spark, self.config(**overrides), WriterSchemas.from_url(self.registry)
-        )
+        config = self.config(**overrides)
+        schemas = WriterSchemas.from_url(self.registry, config.registry_config)
+        return BatchProcessor(self.spark, config, schemas)
 
     def consume_available(self, **overrides: Any) -> BatchProcessor:
         proc = self.processor(**overrides)
@@ -137,6 +143,7 @@ class Pipeline:
                 "WALBRIDGE_CHECKPOINT_PATH": self.checkpoint,
                 "WALBRIDGE_SPARK_DRIVER_MEMORY": "1g",
             }
+            | security.consumer_env()
             | extra
         )
 

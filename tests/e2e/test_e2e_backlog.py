@@ -18,7 +18,7 @@ from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.secure_stack]
 
 TRANSACTIONS = 2000
 ACCOUNTS = 400

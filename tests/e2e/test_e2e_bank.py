@@ -22,7 +22,7 @@ from tests.e2e.harness import pipeline, wait_for
 from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.secure_stack]
 
 ACCOUNTS = 20
 OPENING = Decimal("1000.00")

@@ -39,6 +39,7 @@ def churn(dsn: str, table: str, count: int) -> None:
             time.sleep(0.05)
 
 
+@pytest.mark.secure_stack
 def test_killed_job_converges_and_replay_is_a_no_op(
     spark: SparkSession,
     pg_dsn: str,

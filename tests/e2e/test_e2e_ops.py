@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from tests.e2e.harness import pipeline
 from tests.support.spark import spark  # noqa: F401
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.secure_stack]
 
 BIG = "(SELECT string_agg(md5(i::text), '') FROM generate_series(1, 2000) i)"  # 64 kB, TOASTed
 

@@ -18,7 +18,7 @@ from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.secure_stack]
 
 _TOASTED = "(SELECT string_agg(md5(g::text || '-' || k::text), '') FROM generate_series(1, 120) k)"
 

@@ -25,6 +25,9 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from psycopg import sql as pgsql
 
+from schemas.client_config import parse_pairs
+from tests.support import security
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -60,7 +63,8 @@ class Source:
 
     @classmethod
     def create(cls, dsn: str, tables: Iterable[str], name: str = "wbp") -> Source:
-        src = cls(dsn, unique(name + "pub"), unique(name + "slot"), unique(name))
+        prefix = security.under_acl_prefix(unique(name))
+        src = cls(dsn, unique(name + "pub"), unique(name + "slot"), prefix)
         sql(dsn, f"CREATE PUBLICATION {src.publication} FOR TABLE {', '.join(tables)}")
         return src
 
@@ -120,6 +124,7 @@ class ProducerProcess:
                 # streamed, and as "r" events).
                 "WALBRIDGE_SNAPSHOT": "never",
             }
+            | security.producer_env()  # the secure stack's producer principal, when active
             | {f"WALBRIDGE_{k.upper()}": str(v) for k, v in settings.items()}
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -185,9 +190,24 @@ class Record:
 class TopicReader:
     """Reads topics from the beginning, decoding keys and values with the registry."""
 
-    def __init__(self, bootstrap: str, registry_url: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        registry_url: str,
+        kafka_config: dict[str, str] | None = None,
+        registry_config: dict[str, Any] | None = None,
+        group: str = "walbridge_reader",
+    ) -> None:
+        """``kafka_config``/``registry_config``: TLS and auth settings; by default the active
+        secure stack's consumer principal (tests.support.security), else none."""
+        creds = security.active()
+        if creds is not None:
+            kafka_config = kafka_config or parse_pairs(creds.consumer_kafka, "kafka")
+            registry_config = registry_config or parse_pairs(creds.consumer_registry, "registry")
         self.bootstrap = bootstrap
-        client = SchemaRegistryClient({"url": registry_url})
+        self.kafka_config = kafka_config or {}
+        self.group = group
+        client = SchemaRegistryClient({**(registry_config or {}), "url": registry_url})
         self._deserializer = AvroDeserializer(client)
 
     def read(
@@ -200,8 +220,9 @@ class TopicReader:
         """Until ``expect`` records arrived (or ``quiet`` s without one when ``expect`` is None)."""
         consumer = Consumer(
             {
+                **self.kafka_config,
                 "bootstrap.servers": self.bootstrap,
-                "group.id": unique("reader"),
+                "group.id": unique(self.group),
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
                 "topic.metadata.refresh.interval.ms": 1000,
