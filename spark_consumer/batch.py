@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import reduce
@@ -96,6 +96,8 @@ class _Table:
     # key or unique index. A key of all columns (REPLICA IDENTITY FULL without a primary key)
     # may repeat at the source.
     unique_key: bool = False
+    # Lake column -> PostgreSQL column name, where the producer had to change the name.
+    pg_names: Mapping[str, str] = field(default_factory=dict)
 
 
 class BatchProcessor:
@@ -298,8 +300,10 @@ class BatchProcessor:
             key = self._key(info, self.config.table_path(info.schema, info.table))
             keys = [E.key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
             unique = True
+            pg_names: dict[str, str] = {}
             for vid in info.value_ids:
                 fields = E.row_fields(self.schemas.parsed(vid))
+                pg_names |= {f.name: f.pg_name for f in fields if f.pg_name}
                 names = {f.name for f in fields}
                 unique &= all(bool(k) and set(k) < names for k in keys)
                 frames.append(
@@ -317,7 +321,7 @@ class BatchProcessor:
             df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
             df = df.persist(_CACHE)
             persisted.append(df)
-            out[info.topic] = _Table(info, df, tuple(columns), key, unique)
+            out[info.topic] = _Table(info, df, tuple(columns), key, unique, pg_names)
         return out
 
     def _decode_markers(
@@ -505,6 +509,7 @@ class BatchProcessor:
             unique_key=table.unique_key,
             recorded_version=recorded_version,
             snapshotting=snapshotting,
+            pg_names=table.pg_names,
         )
         return merge.apply(self.spark, tc)
 

@@ -26,8 +26,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from delta.tables import DeltaTable
 from pyspark import StorageLevel
@@ -73,6 +73,8 @@ class TableChanges:
     # value may name a row the snapshot has not delivered yet (its `r` event follows, later
     # in commit order, and replaces the row whole).
     snapshotting: bool = False
+    # Lake column -> PostgreSQL column name where they differ: kept as the column's comment.
+    pg_names: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -122,8 +124,17 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
         StructField(E.OP, StringType(), True),
         StructField(E.TS_MS, LongType(), True),
     ]
+    comments = {c: pg_name_comment(n) for c, n in tc.pg_names.items() if c in src_types}
     if not DeltaTable.isDeltaTable(spark, tc.path):
-        schema = StructType([StructField(c, src_types[c], True) for c in tc.columns] + meta)
+        schema = StructType(
+            [
+                StructField(
+                    c, src_types[c], True, {"comment": comments[c]} if c in comments else {}
+                )
+                for c in tc.columns
+            ]
+            + meta
+        )
         (
             DeltaTable.createIfNotExists(spark)
             .location(tc.path)
@@ -137,10 +148,27 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
     existing = {f.name for f in table.toDF().schema.fields}
     new = [c for c in tc.columns if c not in existing]
     if new:
-        cols = ", ".join(f"`{c}` {src_types[c].simpleString()}" for c in new)
+        # The comment is a literal of pg_name_comment's alphabet: no quote, no backslash.
+        cols = ", ".join(
+            f"`{c}` {src_types[c].simpleString()}"
+            + (f" COMMENT '{comments[c]}'" if c in comments else "")
+            for c in new
+        )
         spark.sql(f"ALTER TABLE {_sql_path(tc.path)} ADD COLUMNS ({cols})")
         table = DeltaTable.forPath(spark, tc.path)
     return table
+
+
+def pg_name_comment(name: str) -> str:
+    """A lake column's comment naming its PostgreSQL column, when the names differ (`sp ace`
+    for `sp_ace`; CONTRACT.md, "Names"): `PostgreSQL column <name>`, with `%`, `'`, `\\` and
+    control characters percent-encoded (`urllib.parse.unquote` gives the name back), so the
+    text is also a safe SQL literal for ALTER TABLE ... ADD COLUMNS ... COMMENT."""
+    escaped = "".join(
+        f"%{ord(ch):02X}" if ch in "%'\\" or ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+        for ch in name
+    )
+    return f"PostgreSQL column {escaped}"
 
 
 def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from schemas.safe_names import name_part
+from schemas.safe_names import lake_table_path, name_part
 from schemas.table_list import format_table
 from schemas.topics import table_topic
 from spark_consumer import verify
@@ -164,6 +164,15 @@ def test_hostile_identifiers_end_to_end(
             assert rows[1]["sp_ace"] == big and rows[1]["select"] == -2
             assert rows[100]["a_b"] is not None and 3 not in rows
             assert rows[2]["new_col_"] == "added 2" and rows[200]["new_col_"] == "new)"
+            # Each renamed column names its PostgreSQL column in its comment, also one added by
+            # ALTER TABLE later (new`col)).
+            fields = spark.read.format("delta").load(lake_table_path(p.lake, schema, TABLE)).schema
+            comments = {f.name: f.metadata.get("comment") for f in fields}
+            assert comments["sp_ace"] == "PostgreSQL column sp ace"
+            assert comments["Id_x"] == "PostgreSQL column Id`x"
+            assert comments["_n_Code"] == "PostgreSQL column ÜnïCode"
+            assert comments["new_col_"] == "PostgreSQL column new`col)"
+            assert comments["select"] is None  # a valid name keeps no comment
             # Progress names tables by their original names.
             versions = p.progress()[-1]["table_versions"]
             assert f"{schema}.{TABLE}" in versions and f"{schema}.{ESCAPE}" in versions

@@ -153,3 +153,15 @@ def test_walbridge_tables_accepts_the_issue_names() -> None:
     )
     with pytest.raises(ReplicationError, match=r"schema\.table"):
         TableName.parse_list("public.orders, lonely")
+
+
+def test_lake_column_comments_name_the_postgresql_column_and_are_safe_literals() -> None:
+    from urllib.parse import unquote
+
+    from spark_consumer.merge import pg_name_comment
+
+    for name in ("sp ace", "Id`x", "it's", "a\\b%", "new`col)", "ÜnïCode", "x\ny"):
+        comment = pg_name_comment(name)
+        assert "'" not in comment and "\\" not in comment and "\n" not in comment
+        assert unquote(comment.removeprefix("PostgreSQL column ")) == name
+    assert pg_name_comment("sp ace") == "PostgreSQL column sp ace"
