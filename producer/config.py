@@ -79,6 +79,20 @@ class ProducerConfig:
     # timestamp-micros: Avro's timestamp-micros (UTC), typed for Avro readers; zoned-string:
     # Debezium's ZonedTimestamp ISO string, for Debezium-aware sinks (README, "timestamptz").
     timestamptz_format: str = TIMESTAMPTZ_MICROS
+    # Kafka transactions: a read_committed reader sees every source transaction once, whatever
+    # was killed when. Off: idempotent mode (a crash resends what was not confirmed).
+    exactly_once: bool = True
+    transactional_id: str = ""  # empty: walbridge.<topic prefix>.<slot>
+    # A Kafka transaction is committed once it is this old, or holds this many events or bytes
+    # (checked at source commits and every 1024 events; a big source transaction spans
+    # several Kafka transactions, and the resume point records how far it got).
+    kafka_transaction_max_ms: int = 100
+    kafka_transaction_max_events: int = 100_000
+    kafka_transaction_max_bytes: int = 64 * 1024 * 1024
+    kafka_transaction_timeout_ms: int = 60_000  # the coordinator aborts a transaction this old
+    # Testing only: exit at once (status 137, as kill -9) right after the Nth Kafka commit,
+    # before the slot is confirmed: the window exactly-once must survive. 0: off.
+    fault_exit_after_kafka_commits: int = 0
 
     def __post_init__(self) -> None:
         for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url", "publication", "slot"):
@@ -97,6 +111,17 @@ class ProducerConfig:
             raise ConfigError(f"snapshot must be one of {SNAPSHOT_MODES}, got {self.snapshot!r}")
         _at_least("snapshot_chunk_rows", self.snapshot_chunk_rows, 1)
         _at_least("snapshot_chunk_bytes", self.snapshot_chunk_bytes, 1)
+        _at_least("kafka_transaction_max_ms", self.kafka_transaction_max_ms, 1)
+        _at_least("kafka_transaction_max_events", self.kafka_transaction_max_events, 1)
+        _at_least("kafka_transaction_max_bytes", self.kafka_transaction_max_bytes, 1)
+        _at_least("kafka_transaction_timeout_ms", self.kafka_transaction_timeout_ms, 1000)
+        _at_least("fault_exit_after_kafka_commits", self.fault_exit_after_kafka_commits, 0)
+        if self.kafka_transaction_max_ms * 10 > self.kafka_transaction_timeout_ms:
+            raise ConfigError(
+                f"kafka_transaction_max_ms ({self.kafka_transaction_max_ms}) must be at most a "
+                f"tenth of kafka_transaction_timeout_ms ({self.kafka_transaction_timeout_ms}): "
+                "a commit (with its flush) must finish well inside the coordinator's timeout"
+            )
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if not 0 <= self.metrics_port <= 65535:
@@ -148,7 +173,7 @@ RESERVED_KAFKA_KEYS: Final = frozenset(
         "enable.idempotence", "acks", "request.required.acks", "partitioner",
         "max.in.flight.requests.per.connection", "max.in.flight", "retries",
         "message.send.max.retries", "bootstrap.servers", "on_delivery", "error_cb",
-        "enable.gapless.guarantee",
+        "enable.gapless.guarantee", "transactional.id", "transaction.timeout.ms",
     }
 )  # fmt: skip
 
@@ -183,6 +208,11 @@ def env_name(name: str) -> str:
 
 
 _FIELDS = {f.name: f for f in fields(ProducerConfig)}
+_TRANSACTION_SETTINGS: Final = (
+    "transactional_id", "kafka_transaction_max_ms", "kafka_transaction_max_events",
+    "kafka_transaction_max_bytes", "kafka_transaction_timeout_ms",
+    "fault_exit_after_kafka_commits",
+)  # fmt: skip
 _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "int": int,
     "float": float,
@@ -252,6 +282,13 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
         value = from_flag if from_flag is not None else from_env
         if value is not None:
             values[name] = value
+    if values.get("exactly_once") is False:
+        clashing = [f"--{_flag(n)}" for n in _TRANSACTION_SETTINGS if n in values]
+        if clashing:
+            raise ConfigError(
+                f"{', '.join(clashing)} only apply to Kafka transactions; "
+                "they conflict with --no-exactly-once"
+            )
     if values.get("create_topics") is False:
         clashing = [
             f"--{_flag(n)}" for n in ("topic_partitions", "topic_replication_factor", "topic_retention_ms")

@@ -73,3 +73,25 @@ class SnapshotError(ProducerError):
         where = "from its start" if cursor is None else f"after key {list(cursor)}"
         super().__init__(f"snapshot of {table} {where}: {detail}")
         self.table = table
+
+
+class KafkaTransactionError(ProducerError):
+    """A Kafka transaction could not be started, committed or aborted (fenced by another
+    producer with the same transactional id, or failed): nothing past the last committed Kafka
+    transaction is confirmed to PostgreSQL, so a restart resumes from it."""
+
+    def __init__(self, action: str, transactional_id: str, detail: str, *, fenced: bool) -> None:
+        self.action = action
+        self.transactional_id = transactional_id
+        self.detail = detail
+        self.fenced = fenced
+        why = (
+            "fenced: another producer with this transactional id took over (same slot and prefix?)"
+            if fenced
+            else "the open transaction's events are discarded"
+        )
+        super().__init__(
+            f"Kafka transaction {action} failed for transactional.id {transactional_id!r}: "
+            f"{detail}; {why}; nothing past the last committed Kafka transaction is confirmed "
+            "to PostgreSQL, so a restart resumes from it"
+        )

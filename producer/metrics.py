@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass
@@ -80,5 +80,23 @@ class Metrics:
         self.replication_reconnects = Counter(
             "walbridge_replication_reconnects",
             "Replication connection re-establishments",
+            registry=r,
+        )
+        self.kafka_transactions = Counter(
+            "walbridge_kafka_transactions",
+            "Kafka transactions (exactly-once), by outcome: committed or aborted",
+            ["outcome"],
+            registry=r,
+        )
+        self.source_transactions_per_kafka_transaction = Histogram(
+            "walbridge_source_transactions_per_kafka_transaction",
+            "Source transactions finished in each committed Kafka transaction",
+            buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
+            registry=r,
+        )
+        self.kafka_commit_seconds = Histogram(
+            "walbridge_kafka_commit_seconds",
+            "Time a Kafka transaction commit blocks the stream (its flush included)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )

@@ -9,6 +9,11 @@ transactions that may still roll back.
 
 Transactions that publish no event (other tables, DDL only) get no markers; their end LSN
 is still confirmed once everything before them is acknowledged.
+
+With exactly-once on (the default), every record goes into a Kafka transaction
+(``producer.kafka_transactions``): only what a committed Kafka transaction holds is confirmed,
+and on start-up what Kafka already committed (its resume point) is skipped, so a restart
+after any crash produces nothing twice.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from producer.events import (
 )
 from producer.health import HealthServer, HealthState
 from producer.kafka_sink import DeliveryCallback, KafkaSink, producer_settings
+from producer.kafka_transactions import CommitPolicy, KafkaTransactions
 from producer.lag import LagMonitor
 from producer.metrics import Metrics
 from producer.pgoutput import (
@@ -57,7 +63,13 @@ from producer.pgoutput import (
     Update,
     format_lsn,
 )
-from producer.replication import ReplicationClient, ReplicationConfig
+from producer.replication import (
+    ErrorKind,
+    ReplicationClient,
+    ReplicationConfig,
+    ReplicationError,
+    SlotInfo,
+)
 from producer.snapshot import catalog as snapshot_catalog
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
@@ -77,7 +89,13 @@ from schemas.envelope import (
 )
 from schemas.safe_names import name_part
 from schemas.snapshot_state import TableState
-from schemas.topics import heartbeat_topic, message_topic, snapshot_topic, transaction_topic
+from schemas.topics import (
+    heartbeat_topic,
+    message_topic,
+    offsets_topic,
+    snapshot_topic,
+    transaction_topic,
+)
 from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder
 
@@ -102,6 +120,9 @@ _STATUS_MIN_GAP_S = 0.1  # serve delivery reports at least this often inside big
 # of after idle_after_s) to serve delivery reports: the last transaction before a pause is
 # confirmed within about linger.ms + a broker round trip.
 _ACK_WAIT_S = 0.02
+# With exactly-once, how long start-up waits for a producer it fenced to release the slot
+# (above heartbeat_interval_s's default: an idle fenced producer notices at its next commit).
+_FENCED_SLOT_WAIT_S = 60.0
 
 
 def _version() -> str:
@@ -137,6 +158,11 @@ class Pipeline:
         self._callback: DeliveryCallback | None = None
         self._skipping = False  # a transaction resent after a reconnect, already produced
         self._last_commit_lsn = 0
+        # Exactly-once: the source transaction Kafka holds part of (commit LSN, events), whose
+        # resent events are counted and not produced again up to there.
+        self._partial: tuple[int, int] | None = None
+        self._acked_lsn = 0  # the highest end LSN Kafka acknowledged (all before it too)
+        self.eot: KafkaTransactions | None = None
         self._since_poll = 0
         self._counts: dict[str, list[int]] = {}  # topics without a TableRoute (markers, messages)
         self._next_heartbeat = 0.0
@@ -192,8 +218,13 @@ class Pipeline:
             self.table_topics = table_topics(self.prefix, self.client.ensure_publication().tables)
             # The Kafka producer first: it connects and gets its idempotent producer id in
             # librdkafka's threads while the rest is set up.
+            self.transactional_id = (
+                (cfg.transactional_id or f"walbridge.{self.prefix}.{cfg.slot}")
+                if cfg.exactly_once
+                else None
+            )
             self.sink = KafkaSink(
-                producer_settings(cfg),
+                producer_settings(cfg, self.transactional_id),
                 self.tracker,
                 self.prefix,
                 on_delivery_error=lambda topic: self.metrics.delivery_errors.labels(topic).inc(),
@@ -217,6 +248,9 @@ class Pipeline:
             self.msg_topic = message_topic(self.prefix)
             self.sql = SqlSession(cfg.pg_dsn, "walbridge_catalog")
             fixed_topics = pool.submit(self._ensure_fixed_topics)
+            if cfg.exactly_once:
+                fixed_topics.result()  # the offsets topic exists before it is read
+                self._start_exactly_once()
             self.registry = registry.result()
             self._register_fixed_schemas()
             fixed_topics.result()
@@ -225,7 +259,7 @@ class Pipeline:
         # (and acknowledged by Kafka) before the slot exists, so a crash in between can't
         # leave a slot whose existing rows nobody reads.
         initial_needed = self._start_snapshots()
-        slot = self.client.ensure_slot()
+        slot = self._ensure_slot()
         if slot.created != initial_needed and cfg.snapshot != "never":
             log.warning(
                 "the slot appeared or vanished during start-up; check for another producer",
@@ -248,6 +282,56 @@ class Pipeline:
         self._routes = self.tables.routes  # the same dict, one attribute less per event
         self._lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, self.metrics)
         self._lag.start()
+
+    def _ensure_slot(self) -> SlotInfo:
+        """The slot; with exactly-once, wait a while for a fenced producer to let it go: it
+        stops at its next Kafka commit (at the latest its next heartbeat's), as during a
+        rolling update where the new pod starts before the old one has stopped."""
+        assert self.client is not None
+        deadline = time.monotonic() + (_FENCED_SLOT_WAIT_S if self.eot is not None else 0)
+        delay = 0.5
+        while True:
+            try:
+                return self.client.ensure_slot()
+            except ReplicationError as exc:
+                if exc.kind is not ErrorKind.SLOT_ACTIVE or time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "slot in use; waiting for the fenced producer holding it to stop",
+                    extra={"slot": self.config.slot, "error": str(exc)},
+                )
+                self._setup_wait()
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _start_exactly_once(self) -> None:
+        """Fence a previous producer of this transactional id and skip what Kafka committed."""
+        cfg = self.config
+        assert self.sink is not None and self.transactional_id is not None
+        self.eot = KafkaTransactions(
+            self.sink,
+            CommitPolicy(
+                cfg.kafka_transaction_max_ms,
+                cfg.kafka_transaction_max_events,
+                cfg.kafka_transaction_max_bytes,
+            ),
+            offsets_topic=offsets_topic(self.prefix),
+            slot=cfg.slot,
+            metrics=self.metrics,
+            exit_after_commits=cfg.fault_exit_after_kafka_commits,
+        )
+        kafka = {**cfg.librdkafka_extra(), "bootstrap.servers": cfg.kafka_bootstrap}
+        point = self.eot.start(kafka, self._setup_wait)
+        if point is not None:
+            if point.complete:
+                self._last_commit_lsn = point.commit_lsn
+            else:
+                self._last_commit_lsn = point.commit_lsn - 1
+                self._partial = (point.commit_lsn, point.total_order)
+        log.info(
+            "exactly-once on",
+            extra={"transactional_id": self.transactional_id, "resume_lsn": self._last_commit_lsn},
+        )
 
     def _start_snapshots(self) -> bool:
         """The snapshot coordinator, with the resume records read from Kafka; True when the
@@ -282,6 +366,8 @@ class Pipeline:
         self.health.activity = self._snap.describe()
         if initial:
             assert self.sink is not None
+            if self.eot is not None:
+                self.eot.commit(self._setup_wait)
             left = self.sink.flush(60.0)
             if left:
                 raise DeliveryError(self.snap_topic, "snapshot state", None, "not acknowledged")
@@ -307,6 +393,7 @@ class Pipeline:
     ) -> None:
         """One snapshot row (``op: "r"``) in the current transaction (a high watermark's)."""
         tx = self._require_tx("snapshot row", lsn)
+        tx.splittable = False  # the rows are read for this transaction, not resent with it
         marker = "last" if last else "true"
         schema_id = route.value_encoder.schema_id
         writer = self._read_writers.get((route.table, schema_id, marker))
@@ -331,6 +418,7 @@ class Pipeline:
         """A table without a key starts its snapshot with a ``t`` (source.snapshot "true"):
         its rows can't be upserted, so readers drop what they hold and take the rows read."""
         tx = self._require_tx("snapshot truncate", lsn)
+        tx.splittable = False
         self._begin_marker_once(tx)
         block = tx.block(tx.next_order(route.table))
         source = self._fill_source(dict(route.source), tx, lsn)
@@ -372,6 +460,12 @@ class Pipeline:
         """The transaction, heartbeat and message topics; also opens the catalog session, so
         the first Relation's type look-up finds it connected."""
         self.topics.ensure([self.tx_topic], single_partition=True)
+        if self.config.exactly_once:
+            self.topics.ensure(
+                [offsets_topic(self.prefix)],
+                single_partition=True,
+                config={"cleanup.policy": "compact"},
+            )
         self.topics.ensure([self.hb_topic] + ([self.msg_topic] if self.config.messages else []))
         self.sql.run(lambda _conn: None)
 
@@ -476,10 +570,22 @@ class Pipeline:
             self._skipping = True
             return
         tx = Transaction(message.xid, message.final_lsn, message.commit_ts)
+        partial = self._partial
+        if partial is not None and message.final_lsn >= partial[0]:
+            self._partial = None
+            if message.final_lsn == partial[0]:
+                tx.resume_after = partial[1]
+                log.info(
+                    "resuming a transaction part-way: its first events are in Kafka already",
+                    extra={"xid": tx.xid, "commit_lsn": format_lsn(tx.commit_lsn),
+                           "events_in_kafka": partial[1]},
+                )  # fmt: skip
         self._tx = tx
         self._ticket = self.tracker.open(tx.commit_lsn, tx.commit_ts_ms)
         assert self.sink is not None
         self._callback = self.sink.callback_for(self._ticket)
+        if self.eot is not None:
+            self.sink.begin_transaction()  # the hot path produces without the sink's checks
 
     def _on_commit(self, message: Commit, lsn: int) -> None:
         if self._skipping:
@@ -494,6 +600,7 @@ class Pipeline:
                 f"{format_lsn(tx.commit_lsn)} (xid {tx.xid})",
                 lsn,
             )
+        tx.splittable = False  # its END goes with the rest of it
         if tx.event_count:
             self._produce_marker(tx.end_marker())
             self.metrics.transactions.inc()
@@ -504,8 +611,13 @@ class Pipeline:
         self._tx = self._ticket = self._callback = None
         assert self.sink is not None
         self.sink.poll(0)
-        self._confirm_acked()
         self._flush_counts()
+        eot = self.eot
+        if eot is not None:
+            eot.source_finished(tx.commit_lsn, tx.event_count, message.end_lsn)
+            if eot.due():
+                eot.commit(self._keep_alive)
+        self._confirm_acked()
         self.health.progress()
         if self._snap is not None:
             self._snapshot_tick()
@@ -554,7 +666,7 @@ class Pipeline:
         here rather than called: the same steps in the same order, one Python call less per
         event, and the envelope comes from the writer's one-image method (profiled)."""
         tx = self._tx
-        if tx is None or self._skipping or self.decoder.stream_xid is not None:
+        if tx is None or self._skipping or tx.resume_after or self.decoder.stream_xid is not None:
             return False
         buf = payload if type(payload) is bytes else bytes(payload)
         if len(buf) < 6:
@@ -659,7 +771,10 @@ class Pipeline:
             if self._snap is not None:
                 self._snap.on_truncate(route.table)
             self._begin_marker_once(tx)
-            block = tx.block(tx.next_order(route.table))
+            order = tx.next_order(route.table)
+            if order.total_order <= tx.resume_after:
+                continue  # already in Kafka (exactly-once resume point)
+            block = tx.block(order)
             source = self._fill_source(route.source, tx, lsn)
             value = route.value_encoder.encode(truncate_envelope(source, block, _now_ms()))
             self._produce(route.topic, route.counts, None, value, route.table)
@@ -684,7 +799,10 @@ class Pipeline:
         if message.transactional:
             tx = self._require_tx("transactional Message", lsn)
             self._begin_marker_once(tx)
-            block = tx.block(tx.next_order(self.msg_topic))
+            order = tx.next_order(self.msg_topic)
+            if order.total_order <= tx.resume_after:
+                return  # already in Kafka (exactly-once resume point)
+            block = tx.block(order)
             self._fill_source(source, tx, message.lsn)
             value = self.msg_value.encode(
                 message_envelope(message.prefix, message.content, source, block, _now_ms())
@@ -721,7 +839,7 @@ class Pipeline:
         return source
 
     def _begin_marker_once(self, tx: Transaction) -> None:
-        if tx.event_count == 0:
+        if tx.event_count == 0 and not tx.resume_after:
             self._produce_marker(tx.begin_marker())
 
     def _emit_row(self, route: TableRoute, change: RowChange, lsn: int) -> None:
@@ -751,9 +869,10 @@ class Pipeline:
                 seen = key if key is not None else image
                 if seen is not None:
                     window.saw(seen, bool(unchanged_toast))
-        if tx.event_count == 0:
-            self._produce_marker(tx.begin_marker())
+        self._begin_marker_once(tx)
         total_order, data_collection_order = tx.next_order(route.table)
+        if total_order <= tx.resume_after:
+            return  # already in Kafka (exactly-once resume point)
         value = route.writer.encode(
             op,
             before,
@@ -797,6 +916,8 @@ class Pipeline:
         if counts[0]:
             self.metrics.events.labels(name).inc(counts[0])
             self.metrics.event_bytes.labels(name).inc(counts[1])
+            if self.eot is not None:
+                self.eot.count(counts[0], counts[1])
             counts[0] = counts[1] = 0
 
     def _produce(
@@ -833,6 +954,10 @@ class Pipeline:
         self.sink.poll(0)
         self._confirm_acked()
         self._flush_counts()
+        eot, tx = self.eot, self._tx
+        if eot is not None and tx is not None and tx.splittable and tx.event_count and eot.due():
+            # A big source transaction: commit what it has produced so far, go on in a new one.
+            eot.commit(self._keep_alive, partial=(tx.commit_lsn, tx.event_count))
         self._keep_alive()
 
     def _heartbeat(self) -> None:
@@ -848,10 +973,17 @@ class Pipeline:
     # --- confirming ----------------------------------------------------------------------------
 
     def _confirm_acked(self) -> None:
-        lsn = self.tracker.confirmable()
-        if lsn is None:
-            return
+        acked = self.tracker.confirmable()
+        if acked is not None and acked > self._acked_lsn:
+            self._acked_lsn = acked
+        lsn = self._acked_lsn
+        if self.eot is not None:
+            cap = self.eot.confirm_cap()
+            if cap is not None and cap < lsn:
+                lsn = cap  # acknowledged, but in a Kafka transaction not committed yet
         assert self.client is not None
+        if lsn <= self.client.confirmed_lsn:
+            return
         self.client.confirm(lsn)
         self.metrics.confirmed_lsn.set(lsn)
         if self._snap is not None:
@@ -878,6 +1010,9 @@ class Pipeline:
     def _on_idle(self) -> None:
         assert self.sink is not None and self.client is not None
         self.sink.poll(0)
+        if self.eot is not None and self._tx is None:
+            self._flush_counts()
+            self.eot.commit(self._keep_alive)  # quiet: make what is open visible now
         self._confirm_acked()
         if self._idle_sooner and not self.tracker.in_flight:
             self._set_idle_sooner(False)  # all acknowledged: back to idle_after_s ticks
@@ -939,11 +1074,30 @@ class Pipeline:
             # the partial transaction is not confirmed and is resent after a restart.
             raise ShutdownRequested()
 
+    def _setup_wait(self) -> None:
+        """While set-up waits on Kafka: nothing streams yet, so only honour a stop request."""
+        if self.stop_requested:
+            raise ShutdownRequested()
+
     def _on_reconnect(self, lsn: int) -> None:
         """The stream reconnected and resends from ``lsn``: drop the partial transaction."""
         self.metrics.replication_reconnects.inc()
         self.decoder.reset()
         self._skipping = False
+        tx = self._tx
+        if self.eot is not None and tx is not None:
+            # Its first events are in the open Kafka transaction: commit them and skip them
+            # when it is resent (or stop: snapshot rows are not resent with it).
+            if not tx.splittable:
+                raise StreamStateError(
+                    f"replication reconnected inside transaction {tx.id} (a snapshot chunk's); "
+                    "restart to resume from the last committed Kafka transaction",
+                    lsn,
+                )
+            if tx.event_count:
+                self._flush_counts()
+                self.eot.commit(self._keep_alive, partial=(tx.commit_lsn, tx.event_count))
+                self._partial = (tx.commit_lsn, tx.event_count)
         if self._ticket is not None:
             self.tracker.close(self._ticket, None)  # drains without confirming; resent anew
         self._tx = self._ticket = self._callback = None
@@ -959,6 +1113,17 @@ class Pipeline:
         """Clean stop: flush Kafka for at most the grace period, confirm what was acked."""
         if self.sink is None or self.client is None:
             return
+        tx, eot = self._tx, self.eot
+        if eot is not None:
+            # Commit what is whole (and a big transaction's stretch); snapshot rows of an
+            # unfinished chunk's transaction can't be resumed: discard the Kafka transaction.
+            self._flush_counts()
+            if tx is not None and not tx.splittable:
+                eot.abort()
+            elif tx is not None and tx.event_count:
+                eot.commit(self._keep_alive, partial=(tx.commit_lsn, tx.event_count), reopen=False)
+            else:
+                eot.commit(self._keep_alive)
         if self._ticket is not None:
             self.tracker.close(self._ticket, None)
             self._tx = self._ticket = self._callback = None

@@ -39,7 +39,10 @@ class Transaction:
     logical messages (CONTRACT.md, "Events"). Counts are 1-based positions.
     """
 
-    __slots__ = ("collections", "commit_lsn", "commit_ts_ms", "encoded", "event_count", "id", "xid")
+    __slots__ = (
+        "collections", "commit_lsn", "commit_ts_ms", "encoded", "event_count", "id",
+        "resume_after", "splittable", "xid",
+    )  # fmt: skip
 
     def __init__(self, xid: int, commit_lsn: int, commit_ts: int) -> None:
         self.xid = xid
@@ -50,6 +53,12 @@ class Transaction:
         self.encoded = TransactionBytes(xid, commit_lsn, self.commit_ts_ms, self.id)
         self.event_count = 0
         self.collections: dict[str, int] = {}
+        # Exactly-once: this many leading events (and the BEGIN marker) are already in Kafka,
+        # committed before a restart or reconnect: they are counted, not produced again.
+        self.resume_after = 0
+        # Whether a Kafka transaction may commit in the middle of it: not once it carries
+        # snapshot rows (they are read for this transaction, not resent with it) or its END.
+        self.splittable = True
 
     def next_order(self, data_collection: str) -> Order:
         self.event_count += 1

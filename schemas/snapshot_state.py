@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
+
+from schemas.compacted import read_latest
 
 log = logging.getLogger(__name__)
 
@@ -67,55 +68,11 @@ def requested(table: str, lsn: int) -> TableState:
 
 def load(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> dict[str, TableState]:
     """Every table's latest record (the topic read from its start to its end)."""
-    from confluent_kafka import (
-        OFFSET_BEGINNING,
-        Consumer,
-        KafkaError,
-        KafkaException,
-        TopicPartition,
-    )
-
-    consumer = Consumer(
-        {
-            **conf,
-            "group.id": f"walbridge-snapshot-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    states: dict[str, TableState] = {}
-    try:
-        # Listing all topics, not this one: asking for one by name may auto-create it.
-        if topic not in consumer.list_topics(timeout=timeout_s).topics:
-            return states  # no producer with snapshots has run under this prefix
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
-        if high <= low:
-            return states
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} took more than {timeout_s:.0f}s")
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    break
-                raise KafkaException(error)
-            key, value, offset = msg.key(), msg.value(), msg.offset()
-            if key is not None:
-                if value is None:  # a tombstone: the table's state was removed
-                    states.pop(key.decode(), None)
-                else:
-                    states[key.decode()] = TableState.decode(value)
-            if offset is not None and offset + 1 >= high:
-                break
-    finally:
-        consumer.close()
-    return states
+    return {
+        key.decode(): TableState.decode(value)
+        for key, value in read_latest(conf, topic, timeout_s).items()
+        if value is not None  # a tombstone: the table's state was removed
+    }
 
 
 def follow(before: frozenset[str], records: list[tuple[bytes, bytes | None]]) -> frozenset[str]:

@@ -3,7 +3,8 @@
 `<prefix>.<schema>.<table>` per table (each name made a valid topic part by
 `schemas.safe_names`), and the prefix's own topics: `<prefix>.transaction` (markers, one
 partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages), `<prefix>.snapshot`
-(the producer's snapshot resume records, internal).
+(the producer's snapshot resume records, internal), `<prefix>.offsets` (with exactly-once on:
+the producer's resume point per slot, written in each Kafka transaction, internal).
 Subjects follow TopicNameStrategy (`<topic>-key`, `<topic>-value`: `schemas.registry`).
 """
 
@@ -22,6 +23,7 @@ class TopicKind(Enum):
     HEARTBEAT = "heartbeat"
     MESSAGE = "message"
     SNAPSHOT = "snapshot"  # the producer's snapshot resume records (internal, compacted)
+    OFFSETS = "offsets"  # the producer's exactly-once resume point (internal, compacted)
 
 
 # Suffixes of the prefix's own topics; everything else under the prefix is a table's data topic.
@@ -121,14 +123,18 @@ def snapshot_topic(prefix: str) -> str:
     return f"{prefix}.{TopicKind.SNAPSHOT.value}"
 
 
+def offsets_topic(prefix: str) -> str:
+    return f"{prefix}.{TopicKind.OFFSETS.value}"
+
+
 def subscribe_pattern(prefix: str) -> str:
     r"""Java regex for Kafka's subscribePattern: data topics and the transaction topic.
 
-    ``\Q..\E`` quotes the prefix literally (it may hold dots or dashes); heartbeat and message
-    topics are left out because nothing in them is applied; the producer's snapshot records
+    ``\Q..\E`` quotes the prefix literally (it may hold dots or dashes); heartbeat, message
+    and offsets topics are left out because nothing in them is applied; the producer's snapshot records
     are read (the consumer follows which tables are being snapshotted).
     """
-    return rf"\Q{prefix}\E\.(?!heartbeat$|message$).+"
+    return rf"\Q{prefix}\E\.(?!heartbeat$|message$|offsets$).+"
 
 
 def classify(prefix: str, topic: str) -> TopicKind:

@@ -212,7 +212,12 @@ class BatchProcessor:
                     f"topic {r['topic']!r} has a partition {r['partition']}: the transaction "
                     "topic must have exactly one partition (markers must stay in commit order)"
                 )
-            if kind in (TopicKind.HEARTBEAT, TopicKind.MESSAGE, TopicKind.SNAPSHOT):
+            if kind in (
+                TopicKind.HEARTBEAT,
+                TopicKind.MESSAGE,
+                TopicKind.SNAPSHOT,
+                TopicKind.OFFSETS,
+            ):
                 continue
             vids, kids = by_topic.setdefault(r["topic"], (set(), set()))
             if r["_vid"] is None:

@@ -133,22 +133,7 @@ def replay(records: list[Record], topic: str) -> dict[int, tuple[int, str | None
 
 def read_all(bootstrap: str, registry_url: str, topic: str) -> list[Record]:
     """Every record of the topic up to its end now (not "until quiet": a busy machine pauses)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("probe")})
-    try:
-        parts = probe.list_topics(topic, timeout=10).topics[topic].partitions
-        expect = sum(
-            high - low
-            for low, high in (
-                probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in parts
-            )
-        )
-    finally:
-        probe.close()
-    records = TopicReader(bootstrap, registry_url).read([topic], expect=expect, timeout=300)
-    assert len(records) == expect
-    return records
+    return TopicReader(bootstrap, registry_url).read_to_end([topic])
 
 
 def source_rows(dsn: str, table: str) -> dict[int, tuple[int, str | None]]:

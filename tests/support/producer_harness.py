@@ -272,6 +272,46 @@ class TopicReader:
             consumer.close()
         return records
 
+    def read_to_end(self, topics: list[str], timeout: float = 300.0) -> list[Record]:
+        """Every committed record of the topics up to their ends now (read_committed: the end
+        is the last stable offset; offsets are not counts once transaction markers take some)."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": unique("reader"),
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+            }
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            meta = consumer.list_topics(timeout=10).topics
+            partitions = [
+                TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions
+            ]
+            consumer.assign(partitions)
+            waiting = {(tp.topic, tp.partition) for tp in partitions}
+            records: list[Record] = []
+            while waiting:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{sorted(waiting)} not read to their end in {timeout}s")
+                for m in consumer.consume(5000, 0.5):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            waiting.discard((m.topic(), m.partition()))
+                            continue
+                        raise AssertionError(f"consume error: {err}")
+                    topic = m.topic()
+                    assert topic is not None
+                    key = self._decode(topic, m.key(), MessageField.KEY)
+                    value = self._decode(topic, m.value(), MessageField.VALUE)
+                    records.append(Record(topic, m.partition() or 0, m.offset() or 0, key, value))
+            return records
+        finally:
+            consumer.close()
+
     def _decode(self, topic: str, data: bytes | None, field: MessageField) -> Any:
         if data is None:
             return None
