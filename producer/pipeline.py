@@ -123,6 +123,7 @@ _ACK_WAIT_S = 0.02
 # With exactly-once, how long start-up waits for a producer it fenced to release the slot
 # (above heartbeat_interval_s's default: an idle fenced producer notices at its next commit).
 _FENCED_SLOT_WAIT_S = 60.0
+_KAFKA_DOWN: Final = "Kafka brokers unreachable"
 
 
 def _version() -> str:
@@ -616,7 +617,7 @@ class Pipeline:
         if eot is not None:
             eot.source_finished(tx.commit_lsn, tx.event_count, message.end_lsn)
             if eot.due():
-                eot.commit(self._keep_alive)
+                self._commit_kafka()
         self._confirm_acked()
         self.health.progress()
         if self._snap is not None:
@@ -957,7 +958,7 @@ class Pipeline:
         eot, tx = self.eot, self._tx
         if eot is not None and tx is not None and tx.splittable and tx.event_count and eot.due():
             # A big source transaction: commit what it has produced so far, go on in a new one.
-            eot.commit(self._keep_alive, partial=(tx.commit_lsn, tx.event_count))
+            self._commit_kafka(partial=(tx.commit_lsn, tx.event_count))
         self._keep_alive()
 
     def _heartbeat(self) -> None:
@@ -1012,7 +1013,7 @@ class Pipeline:
         self.sink.poll(0)
         if self.eot is not None and self._tx is None:
             self._flush_counts()
-            self.eot.commit(self._keep_alive)  # quiet: make what is open visible now
+            self._commit_kafka()  # quiet: make what is open visible now
         self._confirm_acked()
         if self._idle_sooner and not self.tracker.in_flight:
             self._set_idle_sooner(False)  # all acknowledged: back to idle_after_s ticks
@@ -1029,8 +1030,8 @@ class Pipeline:
         self._report_confirmed(force=True)
         self.metrics.in_flight_events.set(len(self.sink))
         if self.sink.broker_down:
-            self.health.degraded = "Kafka brokers unreachable"
-        elif self.health.degraded == "Kafka brokers unreachable":
+            self.health.degraded = _KAFKA_DOWN
+        elif self.health.degraded == _KAFKA_DOWN:
             self.health.degraded = None
         self.health.progress()
         if self._snap is not None:
@@ -1074,6 +1075,20 @@ class Pipeline:
             # the partial transaction is not confirmed and is resent after a restart.
             raise ShutdownRequested()
 
+    def _commit_kafka(
+        self, partial: tuple[int, int] | None = None, reopen: bool | None = None
+    ) -> None:
+        """Commit the open Kafka transaction (see KafkaTransactions.commit); while brokers
+        can't be reached the commit is retried and /readyz says so."""
+        assert self.eot is not None
+        self.eot.commit(self._kafka_wait, partial, reopen=reopen)
+        if self.health.degraded == _KAFKA_DOWN:
+            self.health.degraded = None
+
+    def _kafka_wait(self) -> None:
+        self.health.degraded = _KAFKA_DOWN
+        self._keep_alive()
+
     def _setup_wait(self) -> None:
         """While set-up waits on Kafka: nothing streams yet, so only honour a stop request."""
         if self.stop_requested:
@@ -1096,7 +1111,7 @@ class Pipeline:
                 )
             if tx.event_count:
                 self._flush_counts()
-                self.eot.commit(self._keep_alive, partial=(tx.commit_lsn, tx.event_count))
+                self._commit_kafka(partial=(tx.commit_lsn, tx.event_count))
                 self._partial = (tx.commit_lsn, tx.event_count)
         if self._ticket is not None:
             self.tracker.close(self._ticket, None)  # drains without confirming; resent anew
@@ -1121,9 +1136,9 @@ class Pipeline:
             if tx is not None and not tx.splittable:
                 eot.abort()
             elif tx is not None and tx.event_count:
-                eot.commit(self._keep_alive, partial=(tx.commit_lsn, tx.event_count), reopen=False)
+                self._commit_kafka(partial=(tx.commit_lsn, tx.event_count), reopen=False)
             else:
-                eot.commit(self._keep_alive)
+                self._commit_kafka()
         if self._ticket is not None:
             self.tracker.close(self._ticket, None)
             self._tx = self._ticket = self._callback = None
