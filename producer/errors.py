@@ -85,11 +85,14 @@ class KafkaTransactionError(ProducerError):
         self.transactional_id = transactional_id
         self.detail = detail
         self.fenced = fenced
-        why = (
-            "fenced: another producer with this transactional id took over (same slot and prefix?)"
-            if fenced
-            else "the open transaction's events are discarded"
-        )
+        if fenced:
+            why = (
+                "fenced: another producer with this transactional id took over (same slot, prefix?)"
+            )
+        elif action == "initialisation":
+            why = "nothing was produced"
+        else:
+            why = "the open transaction's events are discarded"
         super().__init__(
             f"Kafka transaction {action} failed for transactional.id {transactional_id!r}: "
             f"{detail}; {why}; nothing past the last committed Kafka transaction is confirmed "

@@ -166,7 +166,8 @@ def test_least_privilege_producer_refusals_and_no_secret_in_output(
             ),
             "Kafka: the consumer's principal writes": (
                 {"WALBRIDGE_KAFKA_CONFIG": secure.consumer_env["WALBRIDGE_KAFKA_CONFIG"]},
-                "Cluster authorization failed",
+                # exactly-once (the default) asks for its transactional id first
+                "Transactional Id authorization failed",
             ),
             "PostgreSQL: wrong password": (
                 {"WALBRIDGE_PG_DSN": wrong_dsn},
