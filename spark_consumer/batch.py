@@ -120,6 +120,10 @@ class BatchProcessor:
         # The progress row of the last batch this process applied: this job is the table's
         # only writer, so it is read from Delta once, at the first batch.
         self._last: progress.Progress | None = None
+        # Tables whose deletion-vector mode was checked against the setting (once per process:
+        # this job is their only writer). Tables are applied from several threads; a second
+        # check of the same table is merely redundant.
+        self._mode_checked: set[str] = set()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         report = self.process(batch, batch_id)
@@ -494,6 +498,11 @@ class BatchProcessor:
             if work.only_truncates:
                 return None
             key = ()  # no key schema and no table yet: the source table has no replica identity
+        if path not in self._mode_checked:
+            merge.check_deletion_vectors(
+                self.spark, f"{info.schema}.{info.table}", path, self.config.lake_deletion_vectors
+            )
+            self._mode_checked.add(path)
         lo, hi = plan.watermark_before, plan.watermark_after
         lsn = F.col(E.COMMIT_LSN)
         changes = table.events.filter(
@@ -515,6 +524,7 @@ class BatchProcessor:
             recorded_version=recorded_version,
             snapshotting=snapshotting,
             pg_names=table.pg_names,
+            deletion_vectors=self.config.lake_deletion_vectors,
         )
         return merge.apply(self.spark, tc)
 

@@ -77,6 +77,10 @@ class ConsumerConfig:
         """The Kafka settings as Spark's Kafka source options (`kafka.` + the Java client's key)."""
         return {f"kafka.{k}": v for k, v in java_kafka_options(self.kafka_config).items()}
 
+    # Tables are created with deletion vectors (MERGE marks replaced rows instead of rewriting
+    # their files); False writes plain Parquet + log tables that every Delta reader opens.
+    lake_deletion_vectors: bool = True
+
     @property
     def progress_path(self) -> str:
         return f"{self.lake_path.rstrip('/')}/_walbridge/progress"
@@ -117,6 +121,7 @@ RUN_ENV: Final = {
     "metrics_port": "WALBRIDGE_CONSUMER_METRICS_PORT",
     "kafka_config": "WALBRIDGE_KAFKA_CONFIG",
     "schema_registry_config": "WALBRIDGE_SCHEMA_REGISTRY_CONFIG",
+    "lake_deletion_vectors": "WALBRIDGE_LAKE_DELETION_VECTORS",
 }
 VERIFY_ENV: Final = {
     "pg_dsn": "WALBRIDGE_PG_DSN",
@@ -178,6 +183,13 @@ def run_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}; 0: off)",
     )
+    p.add_argument(
+        "--lake-deletion-vectors",
+        type=_flag,
+        metavar="true|false",
+        help="create lake tables with deletion vectors (default true); false: tables that "
+        "readers without the deletionVectors feature open (MERGE rewrites touched files)",
+    )
     return p
 
 
@@ -197,6 +209,7 @@ _PARSE_ENV: Final[dict[str, Callable[[str], Any]]] = {
     "max_offsets_per_trigger": int,
     "merge_threads": int,
     "metrics_port": int,
+    "lake_deletion_vectors": _flag,
 }
 
 # May hold a password: never echoed.
@@ -307,6 +320,9 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
         metrics_port=metrics_port,
         kafka_config=kafka_config,
         registry_config=registry_config,
+        lake_deletion_vectors=(
+            True if v["lake_deletion_vectors"] is None else v["lake_deletion_vectors"]
+        ),
     )
 
 

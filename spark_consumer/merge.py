@@ -12,7 +12,9 @@
 - The ON condition also bounds the first key column to the batch's key range (from the batch
   summary), so Delta prunes target files by their statistics; tables are created with deletion
   vectors, so an update marks rows instead of rewriting whole files. Both keep a MERGE's cost
-  tied to the batch, not to the table's size.
+  tied to the batch, not to the table's size. Without deletion vectors (the consumer's
+  `lake_deletion_vectors` off, for readers that lack the feature) a MERGE rewrites every file
+  it touches; `check_deletion_vectors` keeps an existing table from silently changing mode.
 - A table whose share of the batch is nothing but distinct inserts takes an insert-only MERGE
   (`_inserts_only_apply` explains why that gives exactly the same table): no collapse shuffle,
   no source materialisation, one pass. Still one commit per table per batch.
@@ -42,6 +44,7 @@ from spark_consumer.errors import ApplyError
 from spark_consumer.key_moves import resolve_moved_toast
 
 KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
+DELETION_VECTORS = "delta.enableDeletionVectors"
 # The producer's Avro field names (sanitized PostgreSQL names) and this module's derived names
 # all match this, so they can stand inside the backticks of the SQL snippets MERGE needs.
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -75,6 +78,8 @@ class TableChanges:
     snapshotting: bool = False
     # Lake column -> PostgreSQL column name where they differ: kept as the column's comment.
     pg_names: Mapping[str, str] = field(default_factory=dict)
+    # Create the table with deletion vectors (ConsumerConfig.lake_deletion_vectors).
+    deletion_vectors: bool = True
 
     @property
     def name(self) -> str:
@@ -140,8 +145,10 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
             .location(tc.path)
             .addColumns(schema)
             .property(KEY_PROPERTY, ",".join(tc.key))
-            # MERGE marks replaced rows in deletion vectors instead of rewriting whole files.
-            .property("delta.enableDeletionVectors", "true")
+            # MERGE marks replaced rows in deletion vectors instead of rewriting whole files;
+            # "false" keeps the table at Delta's legacy protocol (unless a column's type needs
+            # a table feature, as timestamp_ntz does): see README "Reading the lake".
+            .property(DELETION_VECTORS, "true" if tc.deletion_vectors else "false")
             .execute()
         )
     table = DeltaTable.forPath(spark, tc.path)
@@ -171,12 +178,45 @@ def pg_name_comment(name: str) -> str:
     return f"PostgreSQL column {escaped}"
 
 
+def check_deletion_vectors(spark: SparkSession, table: str, path: str, wanted: bool) -> None:
+    """Stop when an existing table was created in the other deletion-vector mode.
+
+    Turning them on would move the table to a protocol that readers chosen for the other mode
+    cannot open; turning them off leaves the vectors already written (and the protocol's
+    feature) in place. Both are the operator's step to take, with Delta's own commands.
+    """
+    if not DeltaTable.isDeltaTable(spark, path):
+        return
+    props = _properties(spark, path)
+    has = props.get(DELETION_VECTORS, "false").strip().lower() == "true"
+    if has == wanted:
+        return
+    sql_path = _sql_path(path)
+    if wanted:
+        how = (
+            f"ALTER TABLE {sql_path} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true') "
+            "(its readers then need the deletionVectors table feature)"
+        )
+    else:
+        how = f"ALTER TABLE {sql_path} DROP FEATURE deletionVectors (see Delta's docs)"
+    raise ApplyError(
+        f"table {table}: the lake table at {path} has {DELETION_VECTORS}={str(has).lower()} "
+        f"but the consumer runs with lake_deletion_vectors={str(wanted).lower()} "
+        f"(WALBRIDGE_LAKE_DELETION_VECTORS); set it back, or convert the table: {how}"
+    )
+
+
+def _properties(spark: SparkSession, path: str) -> dict[str, str]:
+    return {
+        r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {_sql_path(path)}").collect()
+    }
+
+
 def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:
     """The key recorded at creation, or None when the table does not exist yet."""
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    props = spark.sql(f"SHOW TBLPROPERTIES {_sql_path(path)}").collect()
-    value = next((r["value"] for r in props if r["key"] == KEY_PROPERTY), "")
+    value = _properties(spark, path).get(KEY_PROPERTY, "")
     return tuple(c for c in value.split(",") if c)
 
 

@@ -102,5 +102,13 @@ def test_batches_are_capped_by_default_and_the_cap_can_be_lifted() -> None:
     with pytest.raises(ConfigError, match="max-offsets-per-trigger"):
         parse_run(["--max-offsets-per-trigger", "-1"], ENV)
     assert parse_run([], {**ENV, "WALBRIDGE_CONSUMER_METRICS_PORT": "0"}).metrics_port == 0
+    assert default.lake_deletion_vectors is True
+    assert parse_run(["--lake-deletion-vectors", "false"], ENV).lake_deletion_vectors is False
+    no_dv = {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "false"}
+    assert parse_run([], no_dv).lake_deletion_vectors is False
+    with pytest.raises(ConfigError, match="disagree"):
+        parse_run(["--lake-deletion-vectors", "true"], no_dv)
+    with pytest.raises(ConfigError, match="WALBRIDGE_LAKE_DELETION_VECTORS='off'"):
+        parse_run([], {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "off"})
     with pytest.raises(ConfigError, match="metrics-port"):
         parse_run(["--metrics-port", "70000"], ENV)
