@@ -13,7 +13,10 @@
 - NOTHING (or DEFAULT without a primary key): ``before`` null, null Kafka key (append-only).
 
 Unchanged TOAST columns are listed in ``unchanged_toast`` and are null in ``after``; the
-consumer keeps the value it has (null there never means "set to NULL").
+consumer keeps the value it has (null there never means "set to NULL"). Under FULL the old
+row carries every value (PostgreSQL detoasts it), so an update's unchanged TOAST values are
+copied from ``before`` into ``after`` and not listed: ``after`` is the whole new row, for
+readers that know nothing of ``unchanged_toast`` (Flink, Debezium sinks) as for ours.
 
 Rows and keys are produced already Avro-encoded (the record bodies, by the table's compiled
 encoders ``RelationCodec.encode_row``/``encode_key``): nothing per event goes through dicts.
@@ -80,6 +83,19 @@ def key_changed(positions: Sequence[int], old: TupleData, new: TupleData) -> boo
     return False
 
 
+def with_old_toast(old: TupleData, new: TupleData) -> TupleData:
+    """The new row with each unchanged TOAST value taken from the full old row ('O').
+
+    PostgreSQL sends an old tuple of kind 'O' (REPLICA IDENTITY FULL) with every value
+    detoasted, so the value it left out of the new tuple is right there: the column did not
+    change. A key-only old tuple ('K') has nulls outside the key and must not be used. An old
+    value that is itself unchanged-TOAST stays the sentinel (still listed, never invented).
+    """
+    if UNCHANGED_TOAST not in new:
+        return new
+    return tuple(o if n is UNCHANGED_TOAST else n for o, n in zip(old, new, strict=True))
+
+
 def insert_changes(shape: TableShape, message: Insert, lsn: int) -> tuple[RowChange, ...]:
     after, toast, key = shape.codec.encode_row_key(message.new, lsn)
     return (RowChange("c", key, None, after, toast),)
@@ -93,6 +109,8 @@ def update_changes(shape: TableShape, message: Update, lsn: int) -> tuple[RowCha
         # Key unchanged (DEFAULT/INDEX), or no identity at all (NOTHING).
         after, toast, key = codec.encode_row_key(new, lsn)
         return (RowChange("u", key, None, after, toast),)
+    if message.old_kind == "O":
+        new = with_old_toast(old, new)
     after, toast = codec.encode_row(new, lsn)
     before, old_toast, old_key = codec.encode_row_key(old, lsn)
     if shape.split_key_changes and key_changed(shape.key_positions, old, new):

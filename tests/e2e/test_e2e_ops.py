@@ -41,7 +41,7 @@ def test_each_operation_ends_equal(
             mood {s}.mood, flag boolean, big numeric)""",
         f"CREATE TABLE {trunc} (id bigint PRIMARY KEY, v text)",
         f"CREATE TABLE {log} (msg text, at timestamptz)",
-        f"CREATE TABLE {full} (id int PRIMARY KEY, v text)",
+        f"CREATE TABLE {full} (id int PRIMARY KEY, v text, doc text)",
         f"ALTER TABLE {full} REPLICA IDENTITY FULL",
     )
     try:
@@ -71,7 +71,7 @@ def test_each_operation_ends_equal(
                 f" (6, 'rekey', 'y'), (8, 'moved', {BIG})",
                 f"INSERT INTO {trunc} SELECT g, 'v' || g FROM generate_series(1, 20) g",
                 f"INSERT INTO {log} VALUES ('one', now()), ('two', '2000-01-01 00:00:00+00')",
-                f"INSERT INTO {full} VALUES (1, 'a'), (2, 'b')",
+                f"INSERT INTO {full} VALUES (1, 'a', 'x'), (2, 'b', {BIG})",
             )
             p.sql(
                 f"UPDATE {items} SET qty = 42, price = 1.00 WHERE id = 4",  # doc: unchanged TOAST
@@ -105,6 +105,10 @@ def test_each_operation_ends_equal(
                 f"TRUNCATE {trunc}",
                 f"INSERT INTO {trunc} VALUES (100, 'after truncate')",
                 f"INSERT INTO {log} VALUES ('three', NULL)",
+                # FULL: the events carry doc in `after` (not as unchanged TOAST): no lake row
+                # needed, and a key change keeps it too.
+                f"UPDATE {full} SET v = 'b3' WHERE id = 2",
+                f"UPDATE {full} SET id = 20 WHERE id = 2",
             )
             p.wait_published()
             p.consume_available()
@@ -114,6 +118,7 @@ def test_each_operation_ends_equal(
             assert notes[1] == "added" and notes[7] == "n7" and notes[3] is None
             docs = {r["id"]: r["doc"] for r in p.table(items)}
             assert 4 not in docs and len(docs[40]) == 64_000
+            assert [(r["id"], r["v"], len(r["doc"])) for r in p.table(full)] == [(20, "b3", 64_000)]
             last = p.progress()[-1]
             assert last["pending_transactions"] == 0
             assert set(last["table_versions"]) == {items, trunc, log, full}

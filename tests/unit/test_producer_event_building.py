@@ -182,6 +182,48 @@ def test_unchanged_toast_listed_and_null() -> None:
     assert env["after"] == row(1, "a", None)
 
 
+def test_full_identity_unchanged_toast_comes_from_the_old_row() -> None:
+    # FULL sends the whole old row, detoasted: the value left out of the new tuple is in it,
+    # so `after` is the whole new row and nothing is listed (readers that ignore
+    # unchanged_toast, like Flink, must not see NULL there).
+    msg = Update(None, 4242, "O", tup(1, "a", "big old value"), tup(1, "b", UNCHANGED_TOAST))
+    assert as_tuples(update_changes(FULL_PK, msg, 10)) == [
+        ("u", {"id": 1}, row(1, "a", "big old value"), row(1, "b", "big old value"), [])
+    ]
+    assert as_tuples(update_changes(FULL_NO_PK, msg, 10)) == [
+        (
+            "u",
+            row(1, "a", "big old value"),
+            row(1, "a", "big old value"),
+            row(1, "b", "big old value"),
+            [],
+        )
+    ]
+    # A key change splits into delete + create; the create's row is whole too.
+    moved = Update(None, 4242, "O", tup(1, "a", "big"), tup(2, UNCHANGED_TOAST, UNCHANGED_TOAST))
+    assert as_tuples(update_changes(FULL_PK, moved, 10)) == [
+        ("d", {"id": 1}, row(1, "a", "big"), None, []),
+        ("c", {"id": 2}, row(1, "a", "big"), row(2, "a", "big"), []),
+    ]
+
+
+def test_key_only_old_tuple_never_fills_unchanged_toast() -> None:
+    # 'K' (DEFAULT / USING INDEX) has nulls outside the key: those are not the old values.
+    moved = Update(None, 4242, "K", tup(1, None, None), tup(2, "a", UNCHANGED_TOAST))
+    assert as_tuples(update_changes(DEFAULT, moved, 10)) == [
+        ("d", {"id": 1}, row(1, None, None), None, []),
+        ("c", {"id": 2}, row(1, None, None), row(2, "a", None), ["val"]),
+    ]
+
+
+def test_old_row_without_the_value_keeps_it_listed() -> None:
+    # Never invent: if the old row lacks the value too, the column stays unchanged-TOAST.
+    msg = Update(None, 4242, "O", tup(1, "a", UNCHANGED_TOAST), tup(1, "b", UNCHANGED_TOAST))
+    (change,) = update_changes(FULL_PK, msg, 10)
+    assert _decode(FULL_PK.codec.value_schema, change.after) == row(1, "b", None)
+    assert change.unchanged_toast == ["val"]
+
+
 def test_toasted_key_column_taken_from_old_tuple() -> None:
     msg = Update(None, 4242, "K", tup(None, "a", None), tup(1, UNCHANGED_TOAST, "y"))
     (change,) = update_changes(INDEX, msg, 10)
