@@ -1081,6 +1081,10 @@ class Pipeline:
         """Commit the open Kafka transaction (see KafkaTransactions.commit); while brokers
         can't be reached the commit is retried and /readyz says so."""
         assert self.eot is not None
+        tx = self._tx
+        if partial is not None and tx is not None and tx.resume_after > partial[1]:
+            # Still skipping what an earlier run committed: the position must not go back.
+            partial = (partial[0], tx.resume_after)
         self.eot.commit(self._kafka_wait, partial, reopen=reopen)
         if self.health.degraded == _KAFKA_DOWN:
             self.health.degraded = None
@@ -1109,10 +1113,10 @@ class Pipeline:
                     "restart to resume from the last committed Kafka transaction",
                     lsn,
                 )
-            if tx.event_count:
+            if tx.event_count or tx.resume_after:
                 self._flush_counts()
                 self._commit_kafka(partial=(tx.commit_lsn, tx.event_count))
-                self._partial = (tx.commit_lsn, tx.event_count)
+                self._partial = (tx.commit_lsn, max(tx.event_count, tx.resume_after))
         if self._ticket is not None:
             self.tracker.close(self._ticket, None)  # drains without confirming; resent anew
         self._tx = self._ticket = self._callback = None
@@ -1135,7 +1139,7 @@ class Pipeline:
             self._flush_counts()
             if tx is not None and not tx.splittable:
                 eot.abort()
-            elif tx is not None and tx.event_count:
+            elif tx is not None and (tx.event_count or tx.resume_after):
                 self._commit_kafka(partial=(tx.commit_lsn, tx.event_count), reopen=False)
             else:
                 self._commit_kafka()
