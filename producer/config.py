@@ -159,6 +159,10 @@ class ProducerConfig:
     def librdkafka_extra(self) -> dict[str, str]:
         return parse_kafka_config(self.kafka_config)
 
+    def kafka_client(self) -> dict[str, str]:
+        """What every Kafka client of the producer needs: the extra settings and the brokers."""
+        return {**self.librdkafka_extra(), "bootstrap.servers": self.kafka_bootstrap}
+
     def registry_client_config(self) -> dict[str, str | int]:
         try:
             return registry_client_config(self.schema_registry_config)

@@ -59,8 +59,7 @@ def producer_settings(
 
 def _common_settings(config: ProducerConfig) -> dict[str, Any]:
     return {
-        **config.librdkafka_extra(),
-        "bootstrap.servers": config.kafka_bootstrap,
+        **config.kafka_client(),
         "enable.idempotence": True,  # implies max.in.flight <= 5 and retries that keep order
         "acks": "all",
         "partitioner": "murmur2_random",  # same partition as the Java clients for a key
@@ -234,9 +233,8 @@ class KafkaSink:
                     self.broker_down = True
                     on_wait()  # keeps PostgreSQL's connection alive; may raise to stop
                     continue
+                self.raise_failure_if_fenced()  # a fatal error's cause came through error_cb
                 raise self._transaction_error(action, error) from exc
-            finally:
-                self.raise_failure_if_fenced()
 
     def raise_failure_if_fenced(self) -> None:
         """Fencing is a fatal error reported through error_cb: name it as such."""

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from producer import resume_point
 from producer.delivery import Ticket
 from producer.resume_point import ResumePoint
 
@@ -77,8 +78,6 @@ class KafkaTransactions:
     def start(self, conf: dict[str, Any], on_wait: Callable[[], None]) -> ResumePoint | None:
         """Fence any previous producer of this transactional id, then read where Kafka's
         committed events end for this slot (None: nothing committed yet)."""
-        from producer import resume_point
-
         self.sink.init_transactions(on_wait)
         self.committed = resume_point.load(conf, self.offsets_topic, self.slot_key.decode())
         if self.committed is not None:

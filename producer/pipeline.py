@@ -234,9 +234,8 @@ class Pipeline:
             # wrapper (a full queue is still handled by the sink, see _produce).
             self._kafka_produce = self.sink.raw_produce
 
-            extra = cfg.librdkafka_extra()
             self.topics = TopicManager.connect(
-                {**extra, "bootstrap.servers": cfg.kafka_bootstrap},
+                cfg.kafka_client(),
                 TopicPolicy(
                     cfg.create_topics,
                     cfg.topic_partitions,
@@ -321,8 +320,7 @@ class Pipeline:
             metrics=self.metrics,
             exit_after_commits=cfg.fault_exit_after_kafka_commits,
         )
-        kafka = {**cfg.librdkafka_extra(), "bootstrap.servers": cfg.kafka_bootstrap}
-        point = self.eot.start(kafka, self._setup_wait)
+        point = self.eot.start(cfg.kafka_client(), self._setup_wait)
         if point is not None:
             if point.complete:
                 self._last_commit_lsn = point.commit_lsn
@@ -342,8 +340,7 @@ class Pipeline:
         self.topics.ensure(
             [self.snap_topic], single_partition=True, config={"cleanup.policy": "compact"}
         )
-        kafka = {**cfg.librdkafka_extra(), "bootstrap.servers": cfg.kafka_bootstrap}
-        states = snapshot_state.load(kafka, self.snap_topic)
+        states = snapshot_state.load(cfg.kafka_client(), self.snap_topic)
 
         def look(conn: Any) -> tuple[bool, list[str]]:
             exists = conn.execute(
@@ -958,7 +955,7 @@ class Pipeline:
         eot, tx = self.eot, self._tx
         if eot is not None and tx is not None and tx.splittable and tx.event_count and eot.due():
             # A big source transaction: commit what it has produced so far, go on in a new one.
-            self._commit_kafka(partial=(tx.commit_lsn, tx.event_count))
+            self._commit_kafka(partial=tx)
         self._keep_alive()
 
     def _heartbeat(self) -> None:
@@ -1075,17 +1072,13 @@ class Pipeline:
             # the partial transaction is not confirmed and is resent after a restart.
             raise ShutdownRequested()
 
-    def _commit_kafka(
-        self, partial: tuple[int, int] | None = None, reopen: bool | None = None
-    ) -> None:
-        """Commit the open Kafka transaction (see KafkaTransactions.commit); while brokers
-        can't be reached the commit is retried and /readyz says so."""
+    def _commit_kafka(self, partial: Transaction | None = None, reopen: bool | None = None) -> None:
+        """Commit the open Kafka transaction (see KafkaTransactions.commit), with ``partial``
+        the source transaction still being produced; while brokers can't be reached the
+        commit is retried and /readyz says so."""
         assert self.eot is not None
-        tx = self._tx
-        if partial is not None and tx is not None and tx.resume_after > partial[1]:
-            # Still skipping what an earlier run committed: the position must not go back.
-            partial = (partial[0], tx.resume_after)
-        self.eot.commit(self._kafka_wait, partial, reopen=reopen)
+        position = None if partial is None else (partial.commit_lsn, partial.counted)
+        self.eot.commit(self._kafka_wait, position, reopen=reopen)
         if self.health.degraded == _KAFKA_DOWN:
             self.health.degraded = None
 
@@ -1113,10 +1106,10 @@ class Pipeline:
                     "restart to resume from the last committed Kafka transaction",
                     lsn,
                 )
-            if tx.event_count or tx.resume_after:
+            if tx.counted:
                 self._flush_counts()
-                self._commit_kafka(partial=(tx.commit_lsn, tx.event_count))
-                self._partial = (tx.commit_lsn, max(tx.event_count, tx.resume_after))
+                self._commit_kafka(partial=tx)
+                self._partial = (tx.commit_lsn, tx.counted)
         if self._ticket is not None:
             self.tracker.close(self._ticket, None)  # drains without confirming; resent anew
         self._tx = self._ticket = self._callback = None
@@ -1139,8 +1132,8 @@ class Pipeline:
             self._flush_counts()
             if tx is not None and not tx.splittable:
                 eot.abort()
-            elif tx is not None and (tx.event_count or tx.resume_after):
-                self._commit_kafka(partial=(tx.commit_lsn, tx.event_count), reopen=False)
+            elif tx is not None and tx.counted:
+                self._commit_kafka(partial=tx, reopen=False)
             else:
                 self._commit_kafka()
         if self._ticket is not None:

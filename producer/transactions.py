@@ -60,6 +60,12 @@ class Transaction:
         # snapshot rows (they are read for this transaction, not resent with it) or its END.
         self.splittable = True
 
+    @property
+    def counted(self) -> int:
+        """Events counted so far, and at least those Kafka held before a restart: what a Kafka
+        commit in the middle of this transaction records as done (never going back)."""
+        return max(self.event_count, self.resume_after)
+
     def next_order(self, data_collection: str) -> Order:
         self.event_count += 1
         position = self.collections.get(data_collection, 0) + 1

@@ -141,5 +141,5 @@ def test_a_commit_while_still_skipping_never_moves_the_position_back(
     careful(pipeline, payload, 0x2100)
     assert recorder.produced == [] and tx.event_count == 1
     sink.begin_transaction()
-    pipeline._commit_kafka(partial=(tx.commit_lsn, tx.event_count))
+    pipeline._commit_kafka(partial=tx)
     assert sink.produced[-1][2] == ResumePoint(tx.commit_lsn, 3, False).encode()
