@@ -39,12 +39,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_producer import proc_stat, run_producer, stack_env, update
 from bench_producer_latency import writer
-from bench_replication import create_workload, generate
+from bench_replication import create_workload, drop_workload, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -93,14 +92,7 @@ def throughput(env: dict[str, str], changes: int, tx_size: int, rounds: int) -> 
                     f"peak RSS {rss / 1024:.0f} MB"
                 )
         finally:
-            for _mode, slot in runs:
-                db.execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                    " WHERE slot_name = %s",
-                    (slot,),
-                )
-            db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
-            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            drop_workload(db, schema, publication, (slot for _mode, slot in runs))
     ratios = sorted(e / i for e, i in zip(rates["exactly-once"], rates["idempotent"], strict=True))
     ratio = statistics.median(ratios)
     print(

@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_replication import create_workload, generate, pg_dsn, time_recvlogical
+from bench_replication import create_workload, drop_workload, generate, pg_dsn, time_recvlogical
 
 from producer.pgoutput import format_lsn, parse_lsn
 
@@ -171,14 +171,7 @@ def main() -> None:
             if profile:
                 pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         finally:
-            for slot in slots:
-                db.execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                    " WHERE slot_name = %s",
-                    (slot,),
-                )
-            db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
-            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            drop_workload(db, schema, publication, slots)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,10 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_producer import run_producer, stack_env
-from bench_replication import create_workload, generate
+from bench_replication import create_workload, drop_workload, generate
 
 from producer.pgoutput import parse_lsn
 
@@ -50,13 +49,7 @@ def one_run(env: dict[str, str], rows: int) -> tuple[float, float, int]:
             )
             return seconds, cpu, rss
         finally:
-            db.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                " WHERE slot_name = %s",
-                (slot,),
-            )
-            db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
-            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            drop_workload(db, schema, publication, [slot])
 
 
 def main() -> None:

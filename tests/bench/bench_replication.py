@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +133,20 @@ def create_workload(db: psycopg.Connection, schema: str, publication: str, slot:
         sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(publication), table)
     )
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def drop_workload(
+    db: psycopg.Connection, schema: str, publication: str, slots: Iterable[str]
+) -> None:
+    """Undo ``create_workload`` and the slot copies: a forgotten slot holds WAL forever."""
+    for slot in slots:
+        db.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            (slot,),
+        )
+    db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
+    db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def generate(db: psycopg.Connection, schema: str, changes: int, tx_size: int) -> None:
@@ -257,14 +272,7 @@ def main() -> None:
             print(f"median client         {client:10,.0f} changes/s (read + decode + confirm)")
             print(f"ratio client / pg_recvlogical = {client / recv:.3f} (target >= 0.9)")
         finally:
-            for slot in slots:
-                db.execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                    " WHERE slot_name = %s",
-                    (slot,),
-                )
-            db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
-            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            drop_workload(db, schema, publication, slots)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -256,11 +256,7 @@ class TopicReader:
                         ):
                             continue
                         raise AssertionError(f"consume error: {err}")
-                    topic = m.topic()
-                    assert topic is not None
-                    key = self._decode(topic, m.key(), MessageField.KEY)
-                    value = self._decode(topic, m.value(), MessageField.VALUE)
-                    records.append(Record(topic, m.partition() or 0, m.offset() or 0, key, value))
+                    records.append(self._record(m))
                     last = time.monotonic()
                 if expect is not None and len(records) >= expect:
                     # Linger a little: more than expected is a failure the caller must see.
@@ -303,14 +299,17 @@ class TopicReader:
                             waiting.discard((m.topic(), m.partition()))
                             continue
                         raise AssertionError(f"consume error: {err}")
-                    topic = m.topic()
-                    assert topic is not None
-                    key = self._decode(topic, m.key(), MessageField.KEY)
-                    value = self._decode(topic, m.value(), MessageField.VALUE)
-                    records.append(Record(topic, m.partition() or 0, m.offset() or 0, key, value))
+                    records.append(self._record(m))
             return records
         finally:
             consumer.close()
+
+    def _record(self, m: Message) -> Record:
+        topic = m.topic()
+        assert topic is not None
+        key = self._decode(topic, m.key(), MessageField.KEY)
+        value = self._decode(topic, m.value(), MessageField.VALUE)
+        return Record(topic, m.partition() or 0, m.offset() or 0, key, value)
 
     def _decode(self, topic: str, data: bytes | None, field: MessageField) -> Any:
         if data is None:
