@@ -192,22 +192,39 @@ def producer_process(env: dict[str, str], log_path: Path) -> Iterator[subprocess
 
 
 def topic_counts(bootstrap: str, prefix: str) -> dict[str, int]:
-    from confluent_kafka import Consumer, TopicPartition
+    """Records a read_committed reader finds per topic: read to the end, not offsets, which
+    also number the markers of Kafka transactions (the producer's exactly-once mode)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = sorted(t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix + "."))
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "walbridge-demo-counter"})
-    counts: dict[str, int] = {}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "walbridge-demo-counter",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    counts = dict.fromkeys(topics, 0)
     try:
         metadata = consumer.list_topics(timeout=10)
-        for topic in topics:
-            total = 0
-            for partition in metadata.topics[topic].partitions:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10
-                )
-                total += high - low
-            counts[topic] = total
+        parts = [
+            TopicPartition(topic, partition, OFFSET_BEGINNING)
+            for topic in topics
+            for partition in metadata.topics[topic].partitions
+        ]
+        consumer.assign(parts)
+        waiting = {(tp.topic, tp.partition) for tp in parts}
+        deadline = time.monotonic() + 120
+        while waiting and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 1.0):
+                error = message.error()
+                if error is None:
+                    counts[message.topic() or ""] += 1
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    waiting.discard((message.topic(), message.partition()))
     finally:
         consumer.close()
     return counts
