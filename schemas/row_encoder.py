@@ -27,6 +27,11 @@ Row and row + key encoders also get a twin (``wire_encoder``) that reads the pgo
 TupleData bytes itself, with the same per-column statements: the producer's fast path for
 Insert/Update/Delete skips building ``Value`` tuples and message objects. The twin never
 raises for bad input; it returns None and the caller takes the careful path.
+
+They also get a second twin, compiled on first use (``copy_encoder``), that reads one row of
+``COPY ... TO STDOUT`` text: a snapshot row goes through the same per-column statements as a
+streamed text value, without building ``Value`` tuples first. The COPY text rules (NULL, the
+backslash escapes) stay in the caller's splitter, handed over at compile time.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ KeyEncoder = Callable[..., bytes]  # (values, lsn=None) -> body
 RowKeyEncoder = Callable[..., tuple[bytes, list[str], bytes | None]]
 # (pgoutput payload, TupleData offset) -> (row body, unchanged, key body or None, end) or None
 WireRowKeyEncoder = Callable[[bytes, int], tuple[bytes, list[str], bytes | None, int] | None]
+# (one COPY text row, without its newline) -> (row body, key body or None) or None
+CopyRowKeyEncoder = Callable[[bytes], tuple[bytes, bytes | None] | None]
+# (a COPY text row that holds a backslash, column count) -> its values (None = NULL), unescaped
+CopySplitter = Callable[[bytes, int], list[bytes | None]]
 
 
 class UnsupportedSchema(Exception):
@@ -489,6 +498,7 @@ def _compile(
     fallback: Callable[..., Any],
     fused_key: Sequence[int] = (),
     wire: bool = False,
+    copy: CopySplitter | None = None,
 ) -> Callable[..., Any]:
     """Generate and compile one encoder; ``columns`` are (position, column name, mapping)
     in the record's field order. With ``fused_key`` (the key columns' positions) a row
@@ -497,7 +507,8 @@ def _compile(
 
     With ``wire`` the encoder reads the pgoutput TupleData bytes itself (see
     ``compile_wire_row_key_encoder``): same per-column statements, values sliced from the
-    buffer instead of taken from decoded ``Value`` tuples."""
+    buffer instead of taken from decoded ``Value`` tuples. With ``copy`` (the COPY text
+    splitter) it reads one COPY text row: same statements, text values, no unchanged TOAST."""
     src = _Source()
     src.names.update(
         {"_LAST": _LAST, "_MID": _MID, "_TOAST": toast, "_fallback": fallback, "_fail": _fail}
@@ -515,6 +526,16 @@ def _compile(
         src.emit(1, "except _FAILURES:")
         src.emit(2, "return None")
         src.emit(1, "pos += 2")
+    elif copy is not None:
+        src.names["_split"] = copy
+        src.emit(0, f"def {name}(line):")
+        # A row without a backslash has neither NULL (\\N) nor escapes: its fields are the
+        # values' text as they are. Any other row goes through the COPY text rules' one home.
+        src.emit(1, "try:")
+        src.emit(2, f"fs = _split(line, {width}) if b'\\\\' in line else line.split(b'\\t')")
+        src.emit(1, "except _FAILURES:")
+        src.emit(2, "return None")
+        src.emit(1, f"if len(fs) != {width}: return None")
     else:
         src.emit(0, f"def {name}(values, lsn=None):")
         src.emit(1, f"if len(values) != {width}:")
@@ -522,7 +543,7 @@ def _compile(
         src.emit(2, f"_fail({table!r}, values, lsn)")
     src.emit(1, "parts = []")
     src.emit(1, "a = parts.append")
-    if not key:
+    if not key and copy is None:
         src.emit(1, "unchanged = []")
     src.emit(1, "try:")
     for position, column, mapping in columns:
@@ -551,6 +572,12 @@ def _compile(
                 src.emit(3, f"unchanged.append({column!r})")
             src.emit(2, "else:")
             src.emit(3, "return None  # an unknown kind, or unchanged TOAST in a key column")
+        elif copy is not None:
+            src.emit(2, f"d = fs[{position}]")
+            src.emit(2, "if d is None:")
+            src.emit(3, "a(b'\\x00')")
+            src.emit(2, "else:")
+            _emit_value(src, position, "t", mapping, union, write)
         else:
             src.emit(2, f"v = values[{position}]")
             src.emit(2, "if v is None:")
@@ -570,13 +597,17 @@ def _compile(
         if position in fused_key:
             src.emit(2, f"e{position} = len(parts)")
     src.emit(1, "except _FAILURES:")
-    if wire:
+    if wire or copy is not None:
         src.emit(2, "return None")
     else:
         src.emit(2, "_fallback(values, lsn)  # raises the ConversionError naming the column")
         src.emit(2, f"_fail({table!r}, values, lsn)")
     end = ", pos" if wire else ""
-    if key:
+    if copy is not None:
+        slices = " + ".join(f"parts[s{p}:e{p}]" for p in fused_key)
+        key_body = f"b''.join({slices})" if fused_key else "None"
+        src.emit(1, f"return b''.join(parts), {key_body}")
+    elif key:
         src.emit(1, f"return b''.join(parts){end}")
     elif fused_key:
         slices = " + ".join(f"parts[s{p}:e{p}]" for p in fused_key)
@@ -631,6 +662,9 @@ def compile_row_encoder(
     encoder.wire = _compile(  # type: ignore[attr-defined]
         "encode_row_wire", table, cols, {}, toast, len(cols), False, reference, wire=True
     )
+    encoder.copy_factory = lambda split: _compile(  # type: ignore[attr-defined]
+        "encode_row_copy", table, cols, {}, toast, len(cols), False, reference, copy=split
+    )
     return encoder
 
 
@@ -661,6 +695,10 @@ def compile_row_key_encoder(
         "encode_row_key_wire", table, cols, {}, toast, len(cols), False, fallback, key_positions,
         wire=True,
     )  # fmt: skip
+    encoder.copy_factory = lambda split: _compile(  # type: ignore[attr-defined]
+        "encode_row_key_copy", table, cols, {}, toast, len(cols), False, fallback, key_positions,
+        copy=split,
+    )  # fmt: skip
     return encoder
 
 
@@ -676,6 +714,29 @@ def wire_encoder(encoder: Callable[..., Any]) -> WireRowKeyEncoder | None:
     """
     wire: WireRowKeyEncoder | None = getattr(encoder, "wire", None)
     return wire
+
+
+def copy_encoder(encoder: Callable[..., Any], split: CopySplitter) -> CopyRowKeyEncoder | None:
+    """The COPY-text-reading twin of a row (or row + key) encoder made here, else None;
+    compiled on first use (only snapshots need it) and kept on the encoder.
+
+    ``copy(line)`` encodes one row of ``COPY ... TO STDOUT`` text (no trailing newline) as the
+    encoder encodes the same row's pgoutput text values, byte for byte, and returns ``(row
+    body, key body or None)``; or None for anything unusual (a field count other than the
+    table's, an escape or value the fast paths refuse): the caller then takes the careful
+    path (split, then the encoder), which raises the precise error. ``split`` is the COPY
+    text rule for rows holding a backslash (NULL and escapes)."""
+    made: dict[Any, CopyRowKeyEncoder] | None = getattr(encoder, "copy", None)
+    if made is None:
+        made = {}
+        encoder.copy = made  # type: ignore[attr-defined]
+    twin = made.get(split)
+    if twin is None:
+        factory = getattr(encoder, "copy_factory", None)
+        if factory is None:
+            return None
+        twin = made[split] = factory(split)
+    return twin
 
 
 def compile_key_encoder(

@@ -21,7 +21,7 @@ import psycopg
 from producer.pgoutput import format_lsn
 from producer.snapshot import catalog
 from producer.snapshot.catalog import SnapshotTable
-from producer.snapshot.copy_text import tuple_data
+from producer.snapshot.copy_text import fields, tuple_data
 from producer.snapshot.reader import ChunkReader, key_text
 from producer.snapshot.watermarks import (
     SIGNAL_PREFIX,
@@ -29,8 +29,10 @@ from producer.snapshot.watermarks import (
     Mark,
     Outcome,
     Window,
+    chunk_limit,
     parse_watermark,
 )
+from schemas.row_encoder import copy_encoder
 from schemas.snapshot_state import DONE, PENDING, RUNNING, TableState, requested
 
 log = logging.getLogger(__name__)
@@ -163,8 +165,7 @@ class SnapshotCoordinator:
             name, keys = self._rereads.pop(0)
             table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
             self.window = Window(table=table, cursor=None, limit=len(keys), keys=keys)
-            assert self._reader is not None
-            self._reader.submit(self.window)
+            self._submit(self.window)
             return
         if not self._queue:
             return
@@ -193,15 +194,16 @@ class SnapshotCoordinator:
         # apart by key, so they are matched whole against changes streamed in between).
         limit = 2**62
         if table.chunk_key:
-            per_row = self._row_bytes.get(name)
-            by_bytes = int(self._chunk_bytes / per_row) if per_row else self._chunk_rows
-            limit = max(1, min(self._chunk_rows, by_bytes))
+            limit = chunk_limit(self._chunk_rows, self._chunk_bytes, self._row_bytes.get(name))
         self.window = Window(
             table=table, cursor=state.cursor if table.chunk_key else None, limit=limit
         )
+        self._submit(self.window)
+
+    def _submit(self, window: Window) -> None:
         if self._reader is None:
-            self._reader = ChunkReader(self._dsn)
-        self._reader.submit(self.window)
+            self._reader = ChunkReader(self._dsn, self._chunk_rows, self._chunk_bytes)
+        self._reader.submit(window)
 
     # --- the stream ----------------------------------------------------------------------------
 
@@ -209,9 +211,13 @@ class SnapshotCoordinator:
         """A logical decoding message; True when it was ours (never published)."""
         if prefix == WATERMARK_PREFIX:
             parsed = parse_watermark(content)
-            window = self.window
-            if parsed is None or window is None or parsed[0] != window.id:
-                return True  # a previous run's or a retried window's watermark
+            head = self.window
+            if parsed is None or head is None:
+                return True  # a previous run's watermark
+            # A window read ahead opens while the one before waits to be published.
+            window = next((w for w in head.chained() if w.id == parsed[0]), None)
+            if window is None or (parsed[1] is Mark.HIGH and window is not head):
+                return True  # a previous run's, a cancelled chain's or a retried window's
             if parsed[1] is Mark.LOW:
                 window.opened = True
                 if not window.table.chunk_key and in_tx and self._may_hold_rows(window.table):
@@ -232,22 +238,25 @@ class SnapshotCoordinator:
         return table.collection not in self._fresh or self._sink.has_route(table.oid)
 
     def on_truncate(self, collection: str) -> None:
-        w = self.window
-        if w is not None and w.opened and w.table.collection == collection:
-            w.truncated = True
+        head = self.window
+        if head is not None and head.table.collection == collection:
+            for w in head.chained():
+                if w.opened:
+                    w.truncated = True
 
     def on_relation(self, relation: Any) -> None:
         """A Relation message: pgoutput sends one before a table's first change in a session
         and after its shape changed; only a shape other than the one read matters."""
-        w = self.window
-        if w is None or relation.relation_id != w.table.oid:
+        head = self.window
+        if head is None or relation.relation_id != head.table.oid:
             return
 
         def shape(columns: Iterable[Any]) -> list[tuple[str, int, int]]:
             return [(c.name, c.type_oid, c.type_modifier) for c in columns]
 
-        if shape(relation.columns) != shape(w.table.columns):
-            w.reshaped = True  # the rows read may not match the new shape: read them again
+        if shape(relation.columns) != shape(head.table.columns):
+            for w in head.chained():
+                w.reshaped = True  # the rows read may not match the new shape: read them again
 
     def _at_high_watermark(self, window: Window, lsn: int) -> None:
         window.ready.wait()
@@ -275,18 +284,40 @@ class SnapshotCoordinator:
             log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
         else:
             self._advance(window, rows)
+        self._take(window, follow=outcome is not Outcome.REDO and not self._rereads)
         self._open_next()
+
+    def _take(self, window: Window, follow: bool) -> None:
+        """The window's high watermark is handled: go on with the window read after it, or
+        cancel the rest of its chain (the next window then starts from the resume state)."""
+        window.lines = []
+        window.prev = None
+        nxt = window.ahead
+        window.taken.set()
+        if nxt is None:
+            return
+        if follow and window.table.collection in self._queue:
+            self.window = nxt
+        else:
+            window.chain.cancelled = True
 
     def _publish(self, window: Window, route: Any, codec: Any, lsn: int) -> int:
         ncols = len(window.table.columns)
         encode = codec.encode_row_key
+        # The compiled COPY text twin (the careful path: split into values, then encode; it
+        # raises the precise error where the twin gives up).
+        fast = copy_encoder(codec.encode_row if codec.encode_key is None else encode, fields)
         keyed = route.shape.keyed
         kept: list[tuple[bytes, bytes | None]] = []
         changed = window.changed
         dropped = 0
         reread: list[bytes] = []
         for line in window.lines:
-            row, _toast, key = encode(tuple_data(line, ncols), lsn)
+            encoded = fast(line) if fast is not None else None
+            if encoded is None:
+                row, _toast, key = encode(tuple_data(line, ncols), lsn)
+            else:
+                row, key = encoded
             match = key if keyed else row
             if match in changed:
                 dropped += 1
@@ -433,6 +464,8 @@ class SnapshotCoordinator:
             self._enqueue(table)
 
     def stop(self) -> None:
+        if self.window is not None:
+            self.window.chain.cancelled = True
         if self._reader is not None:
             self._reader.stop()
             self._reader = None

@@ -36,12 +36,17 @@ def reader_conninfo(dsn: str) -> str:
 
 class ChunkReader:
     """``submit(window)``: emit the low watermark, read the chunk, mark it ready, emit the high
-    watermark. A lost connection is retried with backoff under a new window id (a half-done
-    window's watermarks, if any reached the WAL, are then ignored as stale)."""
+    watermark; then the chain's next windows (``Window.follow``), each once the window two
+    before it is taken (see watermarks: reading ahead). A lost connection is retried with
+    backoff (a half-done window's watermarks, if any reached the WAL, are then ignored as
+    stale)."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, chunk_rows: int, chunk_bytes: int) -> None:
         self._conninfo = reader_conninfo(dsn)
         self._redacted = redact_dsn(dsn)
+        self._chunk_rows = chunk_rows
+        self._chunk_bytes = chunk_bytes
+        self._stopping = False
         self._requests: queue.Queue[Window | None] = queue.Queue(maxsize=1)
         self._conn: psycopg.Connection[Any] | None = None
         self._thread = threading.Thread(target=self._loop, name="walbridge-snapshot", daemon=True)
@@ -51,6 +56,7 @@ class ChunkReader:
         self._requests.put(window)
 
     def stop(self) -> None:
+        self._stopping = True
         self._requests.put(None)
         self._thread.join(timeout=10)
         if self._conn is not None:
@@ -63,18 +69,33 @@ class ChunkReader:
 
     def _loop(self) -> None:
         while True:
-            window = self._requests.get()
-            if window is None:
+            window: Window | None = self._requests.get()
+            while window is not None and not self._stopping:
+                if window.chain.cancelled:
+                    break
+                try:
+                    self._read_with_retries(window)
+                except Exception as exc:  # reported to the pipeline's thread, which raises it
+                    window.error = SnapshotError(
+                        window.table.collection, window.cursor, f"{type(exc).__name__}: {exc}"
+                    )
+                    window.error.__cause__ = exc
+                    window.ahead = None
+                finally:
+                    window.ready.set()
+                window = self._turn(window)
+            if self._stopping:
                 return
-            try:
-                self._read_with_retries(window)
-            except Exception as exc:  # reported to the pipeline's thread, which raises it
-                window.error = SnapshotError(
-                    window.table.collection, window.cursor, f"{type(exc).__name__}: {exc}"
-                )
-                window.error.__cause__ = exc
-            finally:
-                window.ready.set()
+
+    def _turn(self, window: Window) -> Window | None:
+        """The chain's next window once its turn comes: the window read before ``window`` is
+        taken (so at most the one published, the one waiting and the next are held)."""
+        nxt = window.ahead
+        before = window.prev
+        while nxt is not None and before is not None and not before.taken.wait(0.1):
+            if nxt.chain.cancelled or self._stopping:
+                return None
+        return nxt
 
     def _read_with_retries(self, window: Window) -> None:
         for attempt, delay in enumerate((*_RETRY_S, None), start=1):
@@ -139,6 +160,8 @@ class ChunkReader:
         window.bytes_read = len(data)
         if lines and table.chunk_key and window.keys is None:
             window.cursor_after = key_text(table, lines[-1])
+        # Linked before the high watermark: the pipeline moves on to it when it gets there.
+        window.ahead = window.follow(self._chunk_rows, self._chunk_bytes)
         # Ready before the high watermark is committed: the stream can't reach it earlier.
         window.ready.set()
         self._emit(window, Mark.HIGH)

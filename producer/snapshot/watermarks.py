@@ -9,6 +9,16 @@ records its key here. At the high watermark, rows whose key changed in between a
 published already); the rest are published inside the high watermark's transaction, so they
 take its commit position: later than every change the chunk reflects, earlier than every
 change it does not. Nothing pauses: the stream keeps flowing while the chunk is read.
+
+The reader reads ahead: once a chunk is read (before its high watermark is committed) it
+links the next range's window (``ahead``), and reads it as soon as the window before the
+chunk just read has been published; so while the pipeline's thread publishes chunk n, chunk
+n + 1 is being read, and at most three windows' rows are held. A window opens (its low
+watermark) only after the previous one's high watermark, so a change the stream sees while a
+window is open is recorded in it and in every later window that is open (``saw``). A chain
+the pipeline abandons (the table changed shape, rows to read again first, the table left the
+publication) is cancelled as a whole: the reader stops at its next window, and the
+watermarks it wrote for it are stale.
 """
 
 from __future__ import annotations
@@ -51,7 +61,21 @@ class Outcome(Enum):
     REDO = "redo"  # the table's shape changed in between: read the same range again
 
 
-@dataclass
+def chunk_limit(chunk_rows: int, chunk_bytes: int, bytes_per_row: float | None) -> int:
+    """Rows in a chunk: at most ``chunk_rows``, and about ``chunk_bytes`` at the average row
+    size the previous chunk showed (TOASTed rows make smaller chunks)."""
+    by_bytes = int(chunk_bytes / bytes_per_row) if bytes_per_row else chunk_rows
+    return max(1, min(chunk_rows, by_bytes))
+
+
+@dataclass(eq=False)
+class Chain:
+    """The windows the reader reads one after the other from one submitted window."""
+
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
 class Window:
     """A chunk in flight. The reader thread fills ``lines``/``more``/``cursor_after`` and sets
     ``ready`` before it commits the high watermark; the pipeline's thread does the rest."""
@@ -74,13 +98,43 @@ class Window:
     reshaped: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    chain: Chain = field(default_factory=Chain)
+    prev: Window | None = None  # the window read before this one in its chain (until taken)
+    ahead: Window | None = None  # the next range, linked by the reader before ``ready``
+    taken: threading.Event = field(default_factory=threading.Event)  # its high watermark done
 
     def saw(self, key: bytes, unchanged_toast: bool = False) -> None:
-        """A change of the table's row with this (Avro-encoded) key, after the low watermark."""
-        if self.opened:
-            self.changed.add(key)
+        """A change of the table's row with this (Avro-encoded) key, after the low watermark
+        (recorded in this window and in the open windows read after it)."""
+        w: Window | None = self
+        while w is not None and w.opened:
+            w.changed.add(key)
             if unchanged_toast:
-                self.toast.add(key)
+                w.toast.add(key)
+            w = w.ahead
+
+    def chained(self) -> list[Window]:
+        """This window and those linked after it."""
+        out: list[Window] = []
+        w: Window | None = self
+        while w is not None:
+            out.append(w)
+            w = w.ahead
+        return out
+
+    def follow(self, chunk_rows: int, chunk_bytes: int) -> Window | None:
+        """The next range's window of a chunk just read (None: a re-read, a whole-table read,
+        the table's last chunk or a cancelled chain)."""
+        if self.keys is not None or not self.more or self.chain.cancelled:
+            return None
+        per_row = self.bytes_read / len(self.lines) if self.lines else None
+        return Window(
+            table=self.table,
+            cursor=self.cursor_after,
+            limit=chunk_limit(chunk_rows, chunk_bytes, per_row),
+            chain=self.chain,
+            prev=self,
+        )
 
     def outcome(self) -> Outcome:
         if self.reshaped:

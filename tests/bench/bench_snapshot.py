@@ -71,7 +71,9 @@ def _rss_kb(pid: int) -> int:
     return int(match.group(1)) if match else 0
 
 
-def run_snapshot(env: dict[str, str], schema: str, publication: str) -> tuple[float, float, int]:
+def run_snapshot(
+    env: dict[str, str], schema: str, publication: str, profile: str | None = None
+) -> tuple[float, float, int]:
     """(seconds from start to exit, seconds from "snapshot started" to "snapshot done", peak
     RSS kB sampled every 50 ms)."""
     tag = uuid.uuid4().hex[:8]
@@ -91,10 +93,26 @@ def run_snapshot(env: dict[str, str], schema: str, publication: str) -> tuple[fl
     log = Path(f"/tmp/bench_snapshot_{tag}.log")
     began = time.perf_counter()
     with log.open("wb") as out:
+        command = [sys.executable, "-m", "producer", "run"]
+        if profile:  # py-spy's collapsed stacks (pip install py-spy into the venv)
+            spy = str(Path(sys.executable).with_name("py-spy"))
+            command = [
+                spy,
+                "record",
+                "--format",
+                "raw",
+                "-r",
+                "50",
+                "--idle",
+                "--threads",
+                "-o",
+                profile,
+                "--",
+                *command,
+            ]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "producer", "run"], cwd=ROOT, env=child_env, stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            command, cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT
+        )
         peak = 0
         while proc.poll() is None:
             peak = max(peak, _rss_kb(proc.pid))
@@ -121,6 +139,9 @@ def run_snapshot(env: dict[str, str], schema: str, publication: str) -> tuple[fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument(
+        "--profile", metavar="FILE", help="record the snapshot with py-spy (collapsed stacks)"
+    )
     args = parser.parse_args()
     env = stack_env()
     dsn = env["WALBRIDGE_PG_DSN"]
@@ -136,7 +157,7 @@ def main() -> None:
             print(f"generated {args.rows:,} rows in {time.perf_counter() - began:.1f}s")
             copy_s = time_copy(dsn, schema)
             print(f"COPY to nowhere:          {copy_s:7.1f}s  {args.rows / copy_s:>10,.0f} rows/s")
-            total_s, snap_s, peak_kb = run_snapshot(env, schema, f"{schema}_pub")
+            total_s, snap_s, peak_kb = run_snapshot(env, schema, f"{schema}_pub", args.profile)
             print(
                 f"snapshot into Kafka:      {snap_s:7.1f}s  {args.rows / snap_s:>10,.0f} rows/s"
                 f"  (process start to exit {total_s:.1f}s)"

@@ -25,6 +25,11 @@ column of each edge value of the type table (tests/unit/test_schemas_convert.py,
 NULLs and unchanged TOAST, their tuples mutated; the twin must never raise, and whenever it
 reaches the payload's end its (row, unchanged TOAST, key) bytes must equal what decoding the
 payload and encoding the decoded tuple give (it may give up: the careful path then decides).
+A fifth target is the snapshot's COPY text twin of the same encoders (`row_encoder.copy_encoder`,
+which encodes a `COPY ... TO STDOUT` text row straight from its bytes): rows of the same table in
+COPY's text form (NULLs, escapes), mutated; the twin must never raise, and whenever it encodes a
+row, (row, key) must equal what the careful path gives (split and unescape, then the encoder), and
+the careful path must accept it.
 Findings are written as `<in_stream> <hex>` lines to --findings; the exit status is 1 if any.
 """
 
@@ -183,6 +188,70 @@ class WireTarget:
         return encode(Insert(None, 1, (self.key, *values)))
 
 
+_COPY_ESCAPES = {
+    ord("\\"): b"\\\\",
+    ord("\n"): b"\\n",
+    ord("\r"): b"\\r",
+    ord("\t"): b"\\t",
+    ord("\b"): b"\\b",
+    ord("\f"): b"\\f",
+    ord("\v"): b"\\v",
+}
+
+
+class CopyTarget:
+    """The COPY text twin of the wire target's table, and COPY text rows for it."""
+
+    def __init__(self, wire: WireTarget) -> None:
+        from producer.snapshot.copy_text import fields
+        from schemas import row_encoder
+
+        self.codec = wire.codec
+        self.width = len(wire.codec.columns)
+        twin = row_encoder.copy_encoder(wire.codec.encode_row_key, fields)
+        assert twin is not None
+        self.twin = twin
+        self.rng = wire.rng
+        self.texts = [v.data for v in wire.text]
+        # Text columns take any character (others would refuse the spliced ones).
+        self.free = [c.pg_type == "text" for c in wire.codec.columns[1:]]
+
+    def row(self) -> bytes:
+        rng = self.rng
+        values: list[bytes] = [b"42"]
+        for text, free in zip(self.texts, self.free, strict=True):
+            roll = rng.random()
+            if roll < 0.05:
+                values.append(b"\\N")
+            else:
+                if free and roll < 0.5:  # characters COPY escapes, spliced in
+                    at = rng.choice((0, len(text)))  # not inside a UTF-8 sequence
+                    text = text[:at] + rng.choice((b"\\", b"\t", b"\n", b"\r", b"\x08")) + text[at:]
+                values.append(b"".join(_COPY_ESCAPES.get(b, bytes([b])) for b in text))
+        return b"\t".join(values)
+
+
+def check_copy(target: CopyTarget, line: bytes, stats: Stats) -> str | None:
+    """The COPY text twin's answer for ``line`` against the careful path's."""
+    from producer.snapshot.copy_text import tuple_data
+
+    stats.copy_compared += 1
+    try:
+        result = target.twin(line)
+    except Exception as exc:
+        return f"copy twin raised {type(exc).__name__}: {exc}"
+    if result is None:
+        return None  # gave up: the careful path decides
+    stats.copy_accepted += 1
+    try:
+        row, _toast, key = target.codec.encode_row_key(tuple_data(line, target.width))
+    except Exception as exc:
+        return f"copy twin accepted what the careful path refuses: {type(exc).__name__}: {exc}"
+    if tuple(result) != (row, key):
+        return f"copy twin {result!r} != careful {(row, key)!r}"
+    return None
+
+
 def check_wire(target: WireTarget, payload: bytes, stats: Stats) -> str | None:
     """The fast path's answer for ``payload`` (TupleData at offset 6) against the careful one."""
     stats.wire_compared += 1
@@ -218,6 +287,8 @@ class Stats:
     fast_compared: int = 0
     wire_compared: int = 0  # TupleData fast path runs
     wire_accepted: int = 0  # of which it reached the end (and was compared)
+    copy_compared: int = 0  # COPY text twin runs
+    copy_accepted: int = 0  # of which it encoded the row (and was compared)
     round_trips: int = 0
     findings: int = 0
     max_ms: float = 0.0
@@ -233,6 +304,8 @@ class Stats:
             "fast_path_compared": self.fast_compared,
             "tuple_fast_path_runs": self.wire_compared,
             "tuple_fast_path_compared": self.wire_accepted,
+            "copy_twin_runs": self.copy_compared,
+            "copy_twin_compared": self.copy_accepted,
             "round_trips": self.round_trips,
             "findings": self.findings,
             "max_ms_per_message": round(self.max_ms, 3),
@@ -293,9 +366,11 @@ def payloads(
     corpus: list[tuple[bytes, bool]],
     pool: list[tuple[bytes, bool, PgOutputMessage]],
     wire: WireTarget,
+    copy: CopyTarget,
 ) -> Iterator[tuple[str, bytes, bool, PgOutputMessage | None]]:
     """(source, payload, in_stream, expected message or None), forever. Source `wire`: an
-    Insert for the TupleData fast path, its header intact, its tuple maybe mutated."""
+    Insert for the TupleData fast path, its header intact, its tuple maybe mutated; `copy`: a
+    COPY text row for the snapshot's twin, maybe mutated."""
     mutate = Mutator(rng, [p for p, _ in corpus] + [p for p, _, _ in pool[:500]])
     tuple_mutate = Mutator(rng, [])  # no splices or tag swaps: they only hit the header
     while True:
@@ -307,7 +382,13 @@ def payloads(
                 payload = payload[:6] + bytes(body)
             yield "wire", payload, False, None
             continue
-        roll = (roll - 0.2) / 0.8
+        if roll < 0.3:
+            line = copy.row()
+            if rng.random() < 0.7:
+                line = tuple_mutate(line)
+            yield "copy", line, False, None
+            continue
+        roll = (roll - 0.3) / 0.7
         if roll < 0.45:
             payload, in_stream = rng.choice(corpus)
             if rng.random() < 0.05:
@@ -341,7 +422,8 @@ def run(
     clock = time.perf_counter
     started = clock()
     wire = WireTarget(rng)
-    source = payloads(rng, corpus, pool, wire)
+    copy = CopyTarget(wire)
+    source = payloads(rng, corpus, pool, wire, copy)
     chunk = 10_000
     try:
         while stats.messages < messages:
@@ -353,6 +435,8 @@ def run(
                 t0 = clock()
                 if kind == "wire":
                     finding = check_wire(wire, payload, stats)
+                elif kind == "copy":
+                    finding = check_copy(copy, payload, stats)
                 else:
                     finding = check(payload, in_stream, stats, expected)
                 took = clock() - t0

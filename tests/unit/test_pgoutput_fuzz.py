@@ -25,7 +25,15 @@ from producer.pgoutput import (
 from producer.pgoutput.fastpath import FAST_PARSERS
 from producer.pgoutput.parsers import PARSERS, run_careful
 from schemas.errors import ConversionError
-from tests.fuzz.pgoutput_fuzz import Stats, WireTarget, check, check_wire, load_corpus
+from tests.fuzz.pgoutput_fuzz import (
+    CopyTarget,
+    Stats,
+    WireTarget,
+    check,
+    check_copy,
+    check_wire,
+    load_corpus,
+)
 from tests.fuzz.pgoutput_fuzz import run as fuzz_run
 from tests.support.pgoutput_encoder import encode
 from tests.support.pgoutput_strategies import streamable, unstreamed
@@ -162,6 +170,7 @@ def test_a_small_fuzz_run_finds_nothing() -> None:
     assert stats.messages == 20_000
     assert stats.round_trips > 1000 and stats.fast_compared > 5000
     assert stats.wire_accepted > 500  # the TupleData fast path compared on whole tuples
+    assert stats.copy_accepted > 300  # the COPY text twin compared on whole rows
     assert len(stats.errors) >= 6  # the mutations reach most error kinds
 
 
@@ -204,3 +213,17 @@ def test_the_tuple_fast_path_check_reports_disagreement() -> None:
     target.wire = lambda buf, pos: 1 // 0  # type: ignore[assignment,return-value]
     assert "raised ZeroDivisionError" in (check_wire(target, payload, Stats()) or "")
     target.wire = real
+
+
+def test_the_copy_twin_check_reports_disagreement() -> None:
+    target = CopyTarget(WireTarget(random.Random(0)))
+    line = target.row()
+    assert check_copy(target, line, Stats()) is None
+    real = target.twin
+    target.twin = lambda line: (b"x", None)
+    assert "!= careful" in (check_copy(target, line, Stats()) or "")
+    target.twin = lambda line: 1 // 0  # type: ignore[assignment,return-value]
+    assert "raised ZeroDivisionError" in (check_copy(target, line, Stats()) or "")
+    target.twin = lambda line: (b"x", None)
+    assert "careful path refuses" in (check_copy(target, b"1\t2", Stats()) or "")
+    target.twin = real

@@ -10,7 +10,14 @@ from producer.pgoutput import Column, Value
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
 from producer.snapshot.copy_text import CopyFormatError, fields, split_lines, tuple_data, unescape
-from producer.snapshot.watermarks import Mark, Outcome, Window, parse_watermark, watermark_content
+from producer.snapshot.watermarks import (
+    Mark,
+    Outcome,
+    Window,
+    chunk_limit,
+    parse_watermark,
+    watermark_content,
+)
 from schemas.snapshot_state import DONE, RUNNING, TableState, follow, requested
 
 
@@ -86,6 +93,36 @@ def test_window_drops_only_rows_changed_after_the_low_watermark() -> None:
     assert w.outcome() is Outcome.TRUNCATED
     w.reshaped = True
     assert w.outcome() is Outcome.REDO
+
+
+def test_a_window_read_ahead_follows_its_chunk_and_sees_changes_once_open() -> None:
+    w = Window(table=_table(), cursor=None, limit=2)
+    w.lines, w.bytes_read, w.more, w.cursor_after = [b"1\ta", b"2\tb"], 8, True, ("2",)
+    nxt = w.follow(chunk_rows=100, chunk_bytes=40)
+    assert nxt is not None
+    assert (nxt.cursor, nxt.limit, nxt.prev, nxt.chain) == (("2",), 10, w, w.chain)
+    w.ahead = nxt
+    w.opened = True
+    w.saw(b"k1")  # the next window is not open yet: only the first records it
+    nxt.opened = True
+    w.saw(b"k2", unchanged_toast=True)  # both are open: both record it
+    assert w.changed == {b"k1", b"k2"} and nxt.changed == {b"k2"} and nxt.toast == {b"k2"}
+    assert w.chained() == [w, nxt]
+    # No next window after the last chunk, for a re-read, or once the chain is cancelled.
+    w.more = False
+    assert w.follow(100, 40) is None
+    w.more = True
+    w.chain.cancelled = True
+    assert w.follow(100, 40) is None
+    reread = Window(table=_table(), cursor=None, limit=1, keys=[("1",)])
+    reread.more = True
+    assert reread.follow(100, 40) is None
+
+
+def test_chunk_limit_is_rows_and_about_bytes() -> None:
+    assert chunk_limit(20_000, 64 << 20, None) == 20_000
+    assert chunk_limit(20_000, 1000, 100.0) == 10
+    assert chunk_limit(20_000, 10, 100.0) == 1
 
 
 def test_state_records_round_trip_and_advance() -> None:
