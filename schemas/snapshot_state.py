@@ -36,6 +36,18 @@ class TableState:
     chunks: int = 0
     requested_lsn: int = 0  # the signal (or slot creation) that asked for it
     started_ms: int = 0
+    # Keys (text) of rows a published chunk dropped and that are still to be read again: their
+    # change in the chunk's window kept an unchanged TOAST value PostgreSQL did not send, so
+    # until they are read again no event holds that value. Kept here so a restart reads them.
+    rereads: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Every row delivered whole: done, and nothing left to read again."""
+        return self.status == DONE and not self.rereads
+
+    def with_rereads(self, rereads: tuple[tuple[str, ...], ...]) -> TableState:
+        return replace(self, rereads=rereads)
 
     def advanced(self, cursor: tuple[str, ...] | None, rows: int, done: bool) -> TableState:
         return replace(
@@ -49,6 +61,10 @@ class TableState:
     def encode(self) -> bytes:
         doc = asdict(self)
         doc["cursor"] = None if self.cursor is None else list(self.cursor)
+        if self.rereads:
+            doc["rereads"] = [list(k) for k in self.rereads]
+        else:
+            del doc["rereads"]  # written only when there are some (older readers don't know it)
         doc["v"] = FORMAT_VERSION
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -59,6 +75,7 @@ class TableState:
             raise ValueError(f"snapshot state record of an unknown format: {raw[:200]!r}")
         cursor = doc.get("cursor")
         doc["cursor"] = None if cursor is None else tuple(cursor)
+        doc["rereads"] = tuple(tuple(k) for k in doc.get("rereads", ()))
         return cls(**doc)
 
 
@@ -81,7 +98,7 @@ def follow(before: frozenset[str], records: list[tuple[bytes, bytes | None]]) ->
     out = set(before)
     for key, value in records:
         table = key.decode()
-        if value is None or TableState.decode(value).status == DONE:
+        if value is None or TableState.decode(value).complete:
             out.discard(table)
         else:
             out.add(table)

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import psycopg
@@ -26,10 +26,10 @@ from producer.snapshot.reader import ChunkReader, key_text
 from producer.snapshot.watermarks import (
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
+    ChunkSizer,
     Mark,
     Outcome,
     Window,
-    chunk_limit,
     parse_watermark,
 )
 from schemas.row_encoder import copy_encoder
@@ -90,13 +90,13 @@ class SnapshotCoordinator:
         chunk_bytes: int,
         auto_new_tables: bool,
         metrics: Any,
+        chunk_budget_s: float = 0.05,
     ) -> None:
         self._dsn = dsn
         self._publication = publication
         self._sql = sql
         self._sink = sink
-        self._chunk_rows = chunk_rows
-        self._chunk_bytes = chunk_bytes
+        self._sizer = ChunkSizer(chunk_rows, chunk_bytes, chunk_budget_s)
         self._row_bytes: dict[str, float] = {}  # average COPY bytes per row, by table
         self._pending_state: TableState | None = None
         self._fresh: set[str] = set()
@@ -129,6 +129,9 @@ class SnapshotCoordinator:
             if table not in self.states or self.states[table].status == DONE:
                 self.states[table] = requested(table, 0)
                 self._sink.write_state(self.states[table])
+        for s in sorted(self.states.values(), key=lambda s: s.table):
+            if s.rereads:  # a chunk's rows a crash kept from being read again
+                self._rereads.append((s.table, list(s.rereads)))
         unfinished = sorted(
             (s for s in self.states.values() if s.status != DONE),
             key=lambda s: (s.status != RUNNING, s.started_ms, s.table),
@@ -163,7 +166,12 @@ class SnapshotCoordinator:
             return
         if self._rereads:
             name, keys = self._rereads.pop(0)
-            table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
+            try:
+                table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
+            except KeyError:
+                self._left_publication(name)
+                self._open_next()
+                return
             self.window = Window(table=table, cursor=None, limit=len(keys), keys=keys)
             self._submit(self.window)
             return
@@ -173,11 +181,7 @@ class SnapshotCoordinator:
         try:
             table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
         except KeyError:
-            log.warning(
-                "table left the publication; its snapshot is dropped", extra={"table": name}
-            )
-            self._queue.pop(0)
-            self.states.pop(name, None)
+            self._left_publication(name)
             self._open_next()
             return
         state = self.states.get(name) or requested(name, 0)
@@ -194,7 +198,7 @@ class SnapshotCoordinator:
         # apart by key, so they are matched whole against changes streamed in between).
         limit = 2**62
         if table.chunk_key:
-            limit = chunk_limit(self._chunk_rows, self._chunk_bytes, self._row_bytes.get(name))
+            limit = self._sizer.limit(self._row_bytes.get(name))
         self.window = Window(
             table=table, cursor=state.cursor if table.chunk_key else None, limit=limit
         )
@@ -202,8 +206,28 @@ class SnapshotCoordinator:
 
     def _submit(self, window: Window) -> None:
         if self._reader is None:
-            self._reader = ChunkReader(self._dsn, self._chunk_rows, self._chunk_bytes)
+            self._reader = ChunkReader(self._dsn, self._sizer)
         self._reader.submit(window)
+
+    def _left_publication(self, name: str) -> None:
+        """A table no longer published has nothing to deliver: its snapshot (chunks and rows
+        to read again) is dropped, and its record with it (a later snapshot starts anew)."""
+        log.warning("table left the publication; its snapshot is dropped", extra={"table": name})
+        if name in self._queue:
+            self._queue.remove(name)
+            self._metrics.snapshot_tables_queued.set(len(self._queue))
+        self._rereads = [(t, keys) for t, keys in self._rereads if t != name]
+        self._progress.pop(name, None)
+        state = self.states.pop(name, None)
+        if state is None or state.complete:
+            return
+        final = replace(state, status=DONE, rereads=())
+        self._unconfirmed = [(lsn, s) for lsn, s in self._unconfirmed if s.table != name]
+        pending = self._pending_state
+        if self._published_in_tx is not None and pending is not None and pending.table == name:
+            self._pending_state = final  # written after the chunk's transaction, as it would be
+        else:
+            self._sink.write_state(final)
 
     # --- the stream ----------------------------------------------------------------------------
 
@@ -267,23 +291,37 @@ class SnapshotCoordinator:
             self._row_bytes[name] = window.bytes_read / len(window.lines)
         outcome = window.outcome()
         rows = 0
+        reread: list[tuple[str, ...]] = []
         if outcome is Outcome.PUBLISHED:
             route = self._sink.snapshot_route(window.table, lsn)
             codec = route.shape.codec
             if tuple(c.name for c in codec.columns) != window.table.column_names:
                 outcome = Outcome.REDO  # the stream's shape is not the one read
             else:
-                rows = self._publish(window, route, codec, lsn)
+                began = time.perf_counter()
+                rows, reread = self._publish(window, route, codec, lsn)
+                self._sizer.published(len(window.lines), time.perf_counter() - began)
         self._published_in_tx = (window, rows, lsn) if outcome is not Outcome.REDO else None
         self.window = None
-        if window.keys is not None:  # a re-read: no cursor to move
-            self._published_in_tx = None
-            if outcome is Outcome.REDO:
+        if outcome is Outcome.REDO:
+            if window.keys is not None:
                 self._rereads.insert(0, (name, window.keys))
-        elif outcome is Outcome.REDO:
-            log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
+            else:
+                log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
         else:
-            self._advance(window, rows)
+            # The resume record lists the rows still to read again (until they are published).
+            pending = self.states[name].rereads
+            if window.keys is not None:  # a re-read (or truncated away): no cursor to move
+                done = set(window.keys)
+                pending = tuple(k for k in pending if k not in done)
+                self.states[name] = self.states[name].with_rereads(pending)
+                self._pending_state = self.states[name]
+            else:
+                self._advance(window, rows)
+            if reread:
+                self._rereads.append((name, reread))
+                self.states[name] = self.states[name].with_rereads((*pending, *reread))
+                self._pending_state = self.states[name]
         self._take(window, follow=outcome is not Outcome.REDO and not self._rereads)
         self._open_next()
 
@@ -301,7 +339,11 @@ class SnapshotCoordinator:
         else:
             window.chain.cancelled = True
 
-    def _publish(self, window: Window, route: Any, codec: Any, lsn: int) -> int:
+    def _publish(
+        self, window: Window, route: Any, codec: Any, lsn: int
+    ) -> tuple[int, list[tuple[str, ...]]]:
+        """Publishes the rows no change in the window touched; returns their number and the
+        keys of the rows to read again."""
         ncols = len(window.table.columns)
         encode = codec.encode_row_key
         # The compiled COPY text twin (the careful path: split into values, then encode; it
@@ -327,9 +369,8 @@ class SnapshotCoordinator:
                     reread.append(line)
                 continue
             kept.append((row, key))
-        if reread:
-            keys = [key_text(window.table, line) for line in reread]
-            self._rereads.append((window.table.collection, keys))
+        keys = [key_text(window.table, line) for line in reread]
+        if keys:
             log.info(
                 "snapshot rows read again (changed with an unchanged TOAST value)",
                 extra={"table": window.table.collection, "rows": len(keys)},
@@ -338,12 +379,13 @@ class SnapshotCoordinator:
         last_at = len(kept) - 1 if final else -1
         for i, (row, key) in enumerate(kept):
             self._sink.emit_read(route, row, key, i == last_at, lsn)
-        progress = self._progress[window.table.collection]
-        progress.rows += len(kept)
-        progress.dropped += dropped
+        progress = self._progress.get(window.table.collection)
+        if progress is not None:  # none for rows read again after the table's snapshot ended
+            progress.rows += len(kept)
+            progress.dropped += dropped
         self._metrics.snapshot_rows.labels(window.table.collection).inc(len(kept))
         self._metrics.snapshot_rows_dropped.labels(window.table.collection).inc(dropped)
-        return len(kept)
+        return len(kept), keys
 
     def _advance(self, window: Window, rows: int) -> None:
         name = window.table.collection
@@ -430,7 +472,7 @@ class SnapshotCoordinator:
         if self._auto and now >= self._next_table_check:
             self._next_table_check = now + _NEW_TABLES_EVERY_S
             self._check_new_tables()
-        if self.window is None and self._queue:
+        if self.window is None and (self._queue or self._rereads):
             self._open_next()
 
     def _report_progress(self) -> None:

@@ -17,7 +17,13 @@ from producer.replication.dsn import WALSENDER_OUTPUT_OPTIONS, redact_dsn, sql_c
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
 from producer.snapshot.copy_text import fields, split_lines
-from producer.snapshot.watermarks import WATERMARK_PREFIX, Mark, Window, watermark_content
+from producer.snapshot.watermarks import (
+    WATERMARK_PREFIX,
+    ChunkSizer,
+    Mark,
+    Window,
+    watermark_content,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +47,10 @@ class ChunkReader:
     backoff (a half-done window's watermarks, if any reached the WAL, are then ignored as
     stale)."""
 
-    def __init__(self, dsn: str, chunk_rows: int, chunk_bytes: int) -> None:
+    def __init__(self, dsn: str, sizer: ChunkSizer) -> None:
         self._conninfo = reader_conninfo(dsn)
         self._redacted = redact_dsn(dsn)
-        self._chunk_rows = chunk_rows
-        self._chunk_bytes = chunk_bytes
+        self._sizer = sizer
         self._stopping = False
         self._requests: queue.Queue[Window | None] = queue.Queue(maxsize=1)
         self._conn: psycopg.Connection[Any] | None = None
@@ -161,7 +166,7 @@ class ChunkReader:
         if lines and table.chunk_key and window.keys is None:
             window.cursor_after = key_text(table, lines[-1])
         # Linked before the high watermark: the pipeline moves on to it when it gets there.
-        window.ahead = window.follow(self._chunk_rows, self._chunk_bytes)
+        window.ahead = window.follow(self._sizer)
         # Ready before the high watermark is committed: the stream can't reach it earlier.
         window.ready.set()
         self._emit(window, Mark.HIGH)

@@ -61,11 +61,38 @@ class Outcome(Enum):
     REDO = "redo"  # the table's shape changed in between: read the same range again
 
 
-def chunk_limit(chunk_rows: int, chunk_bytes: int, bytes_per_row: float | None) -> int:
-    """Rows in a chunk: at most ``chunk_rows``, and about ``chunk_bytes`` at the average row
-    size the previous chunk showed (TOASTed rows make smaller chunks)."""
-    by_bytes = int(chunk_bytes / bytes_per_row) if bytes_per_row else chunk_rows
-    return max(1, min(chunk_rows, by_bytes))
+class ChunkSizer:
+    """Rows per chunk: at most ``rows``, about ``max_bytes`` at the average row size the last
+    chunk showed (TOASTed rows make smaller chunks), and about ``budget_s`` of publishing at
+    the rate the last chunks were published: the stream waits while the pipeline's thread
+    publishes a chunk at its high watermark, so this bounds what a snapshot adds to streaming
+    latency, whatever the machine's speed or load. Until a rate is measured, chunks start at
+    ``FIRST_ROWS``. Shared with the reader thread (which sizes the windows it reads ahead):
+    plain attribute writes, atomic in CPython."""
+
+    FIRST_ROWS: Final = 1000
+
+    def __init__(self, rows: int, max_bytes: int, budget_s: float) -> None:
+        self.rows = rows
+        self.max_bytes = max_bytes
+        self.budget_s = budget_s
+        self.rows_per_s: float | None = None
+
+    def published(self, rows: int, seconds: float) -> None:
+        """A chunk of ``rows`` read rows took ``seconds`` to publish."""
+        if rows < 100 or seconds <= 0:
+            return  # too small to time
+        rate = rows / seconds
+        previous = self.rows_per_s
+        self.rows_per_s = rate if previous is None else (previous + rate) / 2
+
+    def limit(self, bytes_per_row: float | None) -> int:
+        n = self.rows
+        if bytes_per_row:
+            n = min(n, int(self.max_bytes / bytes_per_row))
+        rate = self.rows_per_s
+        n = min(n, self.FIRST_ROWS if rate is None else int(rate * self.budget_s))
+        return max(1, n)
 
 
 @dataclass(eq=False)
@@ -122,7 +149,7 @@ class Window:
             w = w.ahead
         return out
 
-    def follow(self, chunk_rows: int, chunk_bytes: int) -> Window | None:
+    def follow(self, sizer: ChunkSizer) -> Window | None:
         """The next range's window of a chunk just read (None: a re-read, a whole-table read,
         the table's last chunk or a cancelled chain)."""
         if self.keys is not None or not self.more or self.chain.cancelled:
@@ -131,7 +158,7 @@ class Window:
         return Window(
             table=self.table,
             cursor=self.cursor_after,
-            limit=chunk_limit(chunk_rows, chunk_bytes, per_row),
+            limit=sizer.limit(per_row),
             chain=self.chain,
             prev=self,
         )

@@ -12,12 +12,22 @@ PostgreSQL commit time carried in ``source.ts_ms``; p50/p99/max are printed (tar
 with the transaction rate actually reached (the writers share the 2 cores too). Writers commit
 with synchronous_commit=on (``--async-commit`` keeps the stack's off: then the WAL writer's
 200 ms flush delay, not the producer, sets the latency).
+
+With ``--snapshot-rows N`` the same run measures the latency while an incremental snapshot
+runs: a second table of N rows (bench_replication's 8 columns) is in the publication, and
+``--rounds`` times, one phase of ``--seconds`` runs with no snapshot, then the snapshot is asked
+for (``walbridge-producer snapshot public.<table>``) and, once its first chunk is published, a
+phase of the same length runs beside it. Each event belongs to the phase its commit fell in;
+p99 with ÷ p99 without is printed per round and over all rounds (target < 2). A phase the
+snapshot did not cover to its end is reported (use more rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -39,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from producer.pgoutput import Commit, Decoder  # noqa: E402
 from producer.replication import ReplicationClient, ReplicationConfig  # noqa: E402
 from producer.transactions import pg_ts_to_ms  # noqa: E402
-from tests.support.producer_harness import ProducerProcess, Source, sql  # noqa: E402
+from tests.support.producer_harness import ProducerProcess, Source, metric, sql  # noqa: E402
 
 SYNC_COMMIT = True
 
@@ -100,6 +110,51 @@ class WalsenderBaseline:
         return sorted(self.latencies)
 
 
+def run_writers(dsn: str, table: str, rate: float, rows: int, seconds: float, n: int) -> int:
+    done: list[int] = []
+    threads = [
+        threading.Thread(target=writer, args=(dsn, table, rate / n, rows, seconds, done))
+        for _ in range(n)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done)
+
+
+def snapshotting(producer: ProducerProcess) -> bool:
+    return "snapshotting" in producer.http("/readyz")[1]
+
+
+def snapshot_phases(
+    args: argparse.Namespace, dsn: str, table: str, big: str, producer: ProducerProcess
+) -> tuple[int, list[tuple[str, float, float, bool]]]:
+    """(transactions, [(phase, first commit ms, last commit ms, snapshot ran throughout)])."""
+    phases: list[tuple[str, float, float, bool]] = []
+    sent = 0
+    for _ in range(args.rounds):
+        deadline = time.monotonic() + 600
+        while snapshotting(producer):  # the previous round's snapshot ends first
+            assert time.monotonic() < deadline, producer.log()
+            time.sleep(0.5)
+        began = time.time() * 1000
+        sent += run_writers(dsn, table, args.rate, args.rows, args.seconds, args.writers)
+        phases.append(("without", began, time.time() * 1000, True))
+        before = metric(producer, "walbridge_snapshot_rows_total")
+        subprocess.run(
+            [sys.executable, "-m", "producer", "snapshot", f"public.{big}"],
+            env={**os.environ, "WALBRIDGE_PG_DSN": dsn}, check=True, capture_output=True,
+        )  # fmt: skip
+        while metric(producer, "walbridge_snapshot_rows_total") <= before:
+            assert time.monotonic() < deadline, producer.log()
+            time.sleep(0.05)
+        began = time.time() * 1000
+        sent += run_writers(dsn, table, args.rate, args.rows, args.seconds, args.writers)
+        phases.append(("with", began, time.time() * 1000, snapshotting(producer)))
+    return sent, phases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=1000.0, help="transactions per second")
@@ -109,6 +164,10 @@ def main() -> None:
     parser.add_argument(
         "--async-commit", action="store_true", help="keep the server's synchronous_commit=off"
     )
+    parser.add_argument(
+        "--snapshot-rows", type=int, default=0, help="measure beside snapshots of this many rows"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="without/with rounds")
     args = parser.parse_args()
     global SYNC_COMMIT
     SYNC_COMMIT = not args.async_commit
@@ -118,7 +177,22 @@ def main() -> None:
     sql(
         dsn, f"CREATE TABLE {table} (id bigserial PRIMARY KEY, v int, at timestamptz DEFAULT now())"
     )
-    source = Source.create(dsn, [table], "benchl")
+    big = f"benchl_big_{uuid.uuid4().hex[:8]}"
+    tables = [table]
+    if args.snapshot_rows:
+        sql(
+            dsn,
+            f"CREATE TYPE {big}_mood AS ENUM ('sad', 'ok', 'happy')",
+            f"CREATE TABLE {big} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
+            f" created timestamptz, doc jsonb, active bool, tags text[], mood {big}_mood)",
+            f"INSERT INTO {big} SELECT g, 'name-' || g, (g % 100000) / 100.0, now(),"
+            " jsonb_build_object('g', g, 'tag', 'bench'), g % 2 = 0, ARRAY['a', g::text],"
+            f" (ARRAY['sad', 'ok', 'happy'])[g % 3 + 1]::{big}_mood"
+            f" FROM generate_series(1, {args.snapshot_rows}) g",
+            f"VACUUM ANALYZE {big}",
+        )
+        tables.append(big)
+    source = Source.create(dsn, tables, "benchl")
     topic = f"{source.prefix}.public.{table}"
     admin = AdminClient({"bootstrap.servers": env["WALBRIDGE_KAFKA_BOOTSTRAP"]})
     new = NewTopic(topic, 3, -1, config={"message.timestamp.type": "LogAppendTime"})
@@ -126,21 +200,20 @@ def main() -> None:
     baseline = WalsenderBaseline(dsn, source.publication)
     producer = ProducerProcess(
         source, env["WALBRIDGE_KAFKA_BOOTSTRAP"], env["WALBRIDGE_SCHEMA_REGISTRY_URL"],
-        log_level="WARNING",
+        log_level="WARNING", snapshot="never",
     ).start()  # fmt: skip
+    phases: list[tuple[str, float, float, bool]] = []
     try:
-        done: list[int] = []
-        threads = [
-            threading.Thread(
-                target=writer,
-                args=(dsn, table, args.rate / args.writers, args.rows, args.seconds, done),
-            )
-            for _ in range(args.writers)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        if args.snapshot_rows:
+            sent, phases = snapshot_phases(args, dsn, table, big, producer)
+            done = [sent]
+        else:
+            done = [run_writers(dsn, table, args.rate, args.rows, args.seconds, args.writers)]
+        if args.snapshot_rows:
+            deadline = time.monotonic() + 900
+            while snapshotting(producer):  # (a stop inside a chunk's transaction aborts it)
+                assert time.monotonic() < deadline, producer.log()
+                time.sleep(0.5)
         source.wait_confirmed(source.current_lsn(), timeout=300)
         assert producer.stop() == 0, producer.log()
         base = baseline.finish()
@@ -160,6 +233,7 @@ def main() -> None:
         SchemaRegistryClient({"url": env["WALBRIDGE_SCHEMA_REGISTRY_URL"]})
     )
     latencies: list[float] = []
+    by_phase: list[list[float]] = [[] for _ in phases]
     deadline = time.monotonic() + 300
     while len(latencies) < expected and time.monotonic() < deadline:
         for m in consumer.consume(5000, 1.0):
@@ -167,9 +241,15 @@ def main() -> None:
                 continue
             value = deserialize(m.value(), SerializationContext(topic, MessageField.VALUE))
             _kind, appended_ms = m.timestamp()
-            latencies.append(appended_ms - value["source"]["ts_ms"])
+            committed = value["source"]["ts_ms"]
+            latencies.append(appended_ms - committed)
+            for i, (_, began, ended, _) in enumerate(phases):
+                if began - 1 <= committed <= ended + 1:
+                    by_phase[i].append(appended_ms - committed)
     consumer.close()
     sql(dsn, f"DROP TABLE {table}")
+    if args.snapshot_rows:
+        sql(dsn, f"DROP TABLE {big}", f"DROP TYPE {big}_mood")
     if len(latencies) != expected:
         sys.exit(f"read {len(latencies)} events, expected {expected}")
     latencies.sort()
@@ -187,6 +267,32 @@ def main() -> None:
         f"baseline, commit -> bare replication client (no Kafka), {len(base):,} commits: "
         f"p50 {b[49]:.0f} ms, p99 {b[98]:.0f} ms, max {base[-1]:.0f} ms; "
         f"p99 ratio producer / baseline {q[98] / max(b[98], 1.0):.2f}"
+    )
+    if phases:
+        report_phases(phases, by_phase)
+
+
+def report_phases(
+    phases: list[tuple[str, float, float, bool]], by_phase: list[list[float]]
+) -> None:
+    p99s: dict[str, list[float]] = {"without": [], "with": []}
+    for (kind, _began, _ended, covered), values in zip(phases, by_phase, strict=True):
+        p = statistics.quantiles(sorted(values), n=100)
+        p99s[kind].append(p[98])
+        note = "" if covered else " (the snapshot ended before this phase did: use more rows)"
+        print(
+            f"  {kind:>7} snapshot: {len(values):,} events, p50 {p[49]:.0f} ms, "
+            f"p99 {p[98]:.0f} ms{note}"
+        )
+    for i, (without, with_) in enumerate(zip(p99s["without"], p99s["with"], strict=True)):
+        print(f"round {i + 1}: p99 with ÷ without a snapshot {with_ / max(without, 1.0):.2f}")
+    everything = {kind: sorted(v for (k, *_), vs in zip(phases, by_phase, strict=True)
+                               if k == kind for v in vs) for kind in p99s}  # fmt: skip
+    q_with = statistics.quantiles(everything["with"], n=100)[98]
+    q_without = statistics.quantiles(everything["without"], n=100)[98]
+    print(
+        f"all rounds: p99 {q_with:.0f} ms with a snapshot, {q_without:.0f} ms without; "
+        f"ratio {q_with / max(q_without, 1.0):.2f} (target < 2)"
     )
 
 

@@ -11,10 +11,10 @@ from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
 from producer.snapshot.copy_text import CopyFormatError, fields, split_lines, tuple_data, unescape
 from producer.snapshot.watermarks import (
+    ChunkSizer,
     Mark,
     Outcome,
     Window,
-    chunk_limit,
     parse_watermark,
     watermark_content,
 )
@@ -98,7 +98,8 @@ def test_window_drops_only_rows_changed_after_the_low_watermark() -> None:
 def test_a_window_read_ahead_follows_its_chunk_and_sees_changes_once_open() -> None:
     w = Window(table=_table(), cursor=None, limit=2)
     w.lines, w.bytes_read, w.more, w.cursor_after = [b"1\ta", b"2\tb"], 8, True, ("2",)
-    nxt = w.follow(chunk_rows=100, chunk_bytes=40)
+    sizer = ChunkSizer(rows=100, max_bytes=40, budget_s=1.0)
+    nxt = w.follow(sizer)
     assert nxt is not None
     assert (nxt.cursor, nxt.limit, nxt.prev, nxt.chain) == (("2",), 10, w, w.chain)
     w.ahead = nxt
@@ -110,19 +111,28 @@ def test_a_window_read_ahead_follows_its_chunk_and_sees_changes_once_open() -> N
     assert w.chained() == [w, nxt]
     # No next window after the last chunk, for a re-read, or once the chain is cancelled.
     w.more = False
-    assert w.follow(100, 40) is None
+    assert w.follow(sizer) is None
     w.more = True
     w.chain.cancelled = True
-    assert w.follow(100, 40) is None
+    assert w.follow(sizer) is None
     reread = Window(table=_table(), cursor=None, limit=1, keys=[("1",)])
     reread.more = True
-    assert reread.follow(100, 40) is None
+    assert reread.follow(sizer) is None
 
 
-def test_chunk_limit_is_rows_and_about_bytes() -> None:
-    assert chunk_limit(20_000, 64 << 20, None) == 20_000
-    assert chunk_limit(20_000, 1000, 100.0) == 10
-    assert chunk_limit(20_000, 10, 100.0) == 1
+def test_chunks_are_rows_bytes_and_a_time_budget_at_the_measured_rate() -> None:
+    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05)
+    assert sizer.limit(None) == ChunkSizer.FIRST_ROWS  # no rate measured yet
+    sizer.published(50, 1.0)  # too small to time
+    assert sizer.rows_per_s is None
+    sizer.published(1000, 0.01)  # 100k rows/s: 5,000 rows in 50 ms
+    assert sizer.limit(None) == 5000
+    sizer.published(1000, 0.1)  # 10k rows/s now: the rate follows (halfway)
+    assert sizer.limit(None) == int(55_000 * 0.05)
+    sizer.published(10_000_000, 1.0)
+    assert sizer.limit(None) == 20_000  # never more than the rows setting
+    assert sizer.limit(1 << 20) == 64  # about max_bytes (64 MiB) at that row size (1 MiB)
+    assert ChunkSizer(10, 10, 1.0).limit(100.0) == 1
 
 
 def test_state_records_round_trip_and_advance() -> None:

@@ -1,0 +1,170 @@
+"""The snapshot coordinator's decisions with a fake reader, catalog and sink: rows to read
+again are kept in the resume record until they are published (a restart reads them), and a
+table that left the publication while rows were waiting to be read again is dropped with a
+log line naming it, not a KeyError."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any, ClassVar
+from unittest.mock import MagicMock
+
+import pytest
+
+from producer.pgoutput import Column
+from producer.snapshot import coordinator as coordinator_module
+from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.coordinator import SnapshotCoordinator
+from producer.snapshot.copy_text import tuple_data
+from producer.snapshot.watermarks import WATERMARK_PREFIX, Mark, Window, watermark_content
+from schemas.relation import build_relation_codec
+from schemas.snapshot_state import DONE, TableState, follow
+from schemas.type_catalog import TypeCatalog
+
+NAME = "public.t"
+TABLE = SnapshotTable(
+    16384,
+    "public",
+    "t",
+    "d",
+    (Column(1, "id", 23, -1, True), Column(0, "pad", 25, -1, False)),
+    ("id",),
+)
+CODEC = build_relation_codec(TABLE.relation(), TypeCatalog(), "db.public.t")
+
+
+class FakeReader:
+    windows: ClassVar[list[Window]] = []
+
+    def __init__(self, dsn: str, sizer: Any) -> None:
+        pass
+
+    def submit(self, window: Window) -> None:
+        FakeReader.windows.append(window)
+
+    def stop(self) -> None:
+        pass
+
+
+class FakeSink:
+    def __init__(self) -> None:
+        self.reads: list[bytes] = []
+        self.states: list[TableState] = []
+
+    def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
+        return SimpleNamespace(shape=SimpleNamespace(codec=CODEC, keyed=True))
+
+    def emit_read(self, route: Any, row: bytes, key: bytes | None, last: bool, lsn: int) -> None:
+        self.reads.append(row)
+
+    def has_route(self, oid: int) -> bool:
+        return True
+
+    def emit_snapshot_truncate(self, route: Any, lsn: int) -> None:
+        raise AssertionError("a keyed table")
+
+    def write_state(self, state: TableState) -> None:
+        self.states.append(state)
+
+
+@pytest.fixture
+def published(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    tables = {NAME}
+
+    def describe(conn: Any, publication: str, name: str) -> SnapshotTable:
+        if name not in tables:
+            raise KeyError(name)
+        return TABLE
+
+    monkeypatch.setattr(coordinator_module.catalog, "describe", describe)
+    monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 3)
+    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    FakeReader.windows = []
+    return tables
+
+
+def _coordinator(sink: FakeSink) -> SnapshotCoordinator:
+    return SnapshotCoordinator(
+        dsn="",
+        publication="p",
+        sql=SimpleNamespace(run=lambda f: f(None)),
+        sink=sink,
+        chunk_rows=100,
+        chunk_bytes=1 << 20,
+        auto_new_tables=False,
+        metrics=MagicMock(),
+    )
+
+
+def _key(line: bytes) -> bytes:
+    key = CODEC.encode_row_key(tuple_data(line, 2))[2]
+    assert key is not None
+    return key
+
+
+def _run_window(
+    coord: SnapshotCoordinator, lines: list[bytes], lsn: int, toast: bytes = b""
+) -> Window:
+    """The last submitted window reads ``lines``; ``toast``: a key changed in it with an
+    unchanged TOAST value; then its high watermark commits at ``lsn``."""
+    window = FakeReader.windows[-1]
+    window.lines = lines
+    window.bytes_read = sum(map(len, lines))
+    window.cursor_after = (lines[-1].split(b"\t")[0].decode(),) if window.keys is None else None
+    window.ready.set()
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), lsn, True)
+    if toast:
+        window.saw(toast, unchanged_toast=True)
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), lsn, True)
+    coord.on_commit(lsn)
+    coord.on_confirmed(lsn)
+    return window
+
+
+def test_rows_to_read_again_are_in_the_resume_record_until_published(published: set[str]) -> None:
+    sink = FakeSink()
+    coord = _coordinator(sink)
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    rows = [b"1\ta", b"2\tb", b"3\tc"]
+    _run_window(coord, rows, 100, toast=_key(rows[1]))
+    assert len(sink.reads) == 2  # row 2 changed in the window without its TOAST value
+    recorded = sink.states[-1]
+    assert (recorded.status, recorded.rereads) == (DONE, (("2",),))
+    assert not recorded.complete
+    # The consumer counts the table as snapshotting until the row is read again.
+    assert follow(frozenset(), [(NAME.encode(), recorded.encode())]) == {NAME}
+    assert TableState.decode(recorded.encode()) == recorded
+
+    # A restart (kill -9 before the re-read) reads the row again from the record.
+    FakeReader.windows = []
+    sink2 = FakeSink()
+    again = _coordinator(sink2)
+    again.start({NAME: recorded}, [NAME], [])
+    again.tick()
+    assert FakeReader.windows[-1].keys == [("2",)]
+    _run_window(again, [b"2\tB"], 200)
+    assert len(sink2.reads) == 1
+    assert sink2.states[-1].rereads == () and sink2.states[-1].complete
+    assert not again.active
+
+
+def test_a_table_that_left_the_publication_drops_its_rereads_with_a_log_line(
+    published: set[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = FakeSink()
+    coord = _coordinator(sink)
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    rows = [b"1\ta", b"2\tb"]
+    published.discard(NAME)  # the table leaves the publication while the chunk is read
+    with caplog.at_level(logging.WARNING):
+        _run_window(coord, rows, 100, toast=_key(rows[0]))  # no KeyError
+    assert any(
+        r.getMessage() == "table left the publication; its snapshot is dropped"
+        and getattr(r, "table", None) == NAME
+        for r in caplog.records
+    )
+    assert not coord.active and coord.window is None
+    assert sink.states[-1].complete  # its record no longer says snapshotting
