@@ -18,10 +18,13 @@ from confluent_kafka import KafkaException
 
 from producer.config import load_config
 from producer.errors import ConfigError, ProducerError
+from producer.health import HealthState
 from producer.logging_setup import setup_logging
+from producer.metrics import Metrics
 from producer.pgoutput import DecodeError
-from producer.pipeline import Pipeline, ShutdownRequested, install_signal_handlers
 from producer.replication import ReplicationError
+from producer.stopping import ShutdownRequested, StopFlag, install_signal_handlers
+from producer.wiring import build_pipeline
 from schemas.errors import SchemaError
 
 log = logging.getLogger("producer")
@@ -41,11 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"walbridge-producer: configuration error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
-    pipeline = Pipeline(config)
-    restore = install_signal_handlers(pipeline)
+    stop = StopFlag()
+    health = HealthState(stall_after_s=max(120.0, 4 * config.status_interval_s))
+    restore = install_signal_handlers(stop)
+    pipeline = None
     try:
         try:
-            pipeline.setup()
+            pipeline = build_pipeline(config, stop, health, Metrics())
         except ShutdownRequested:
             return 0  # stopped before streaming: nothing was produced, nothing to confirm
         with contextlib.suppress(ShutdownRequested):
@@ -60,14 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         psycopg.Error,
         KafkaException,
     ) as exc:
-        pipeline.health.stopped = str(exc)
+        health.stopped = str(exc)
         log.error(
             "producer stopped on a failure", extra={"error": str(exc), "kind": type(exc).__name__}
         )
         return 1
     finally:
         try:
-            pipeline.close()
+            if pipeline is not None:
+                pipeline.close()
         finally:
             restore()
 

@@ -1,4 +1,5 @@
-"""Per-transaction bookkeeping: ids, event order and the BEGIN/END markers. Pure, no I/O.
+"""Per-transaction bookkeeping: ids, event order and the BEGIN/END markers. Pure, no I/O
+(``now_ms`` reads the clock).
 
 Protocol 1 (no streaming) delivers each committed transaction whole, in commit order, and
 Begin already carries the commit LSN (``final_lsn``), so every event gets its final
@@ -7,6 +8,7 @@ Begin already carries the commit LSN (``final_lsn``), so every event gets its fi
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 from producer.envelope_writer import TransactionBytes
@@ -16,6 +18,11 @@ from producer.pgoutput import pg_timestamp_to_unix_micros
 def transaction_id(xid: int, commit_lsn: int) -> str:
     """``"<xid>:<commit_lsn>"``, both decimal (CONTRACT.md, "Events")."""
     return f"{xid}:{commit_lsn}"
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds, for events' ``ts_ms`` (when the producer handled them)."""
+    return time.time_ns() // 1_000_000
 
 
 def pg_ts_to_ms(pg_ts: int) -> int:

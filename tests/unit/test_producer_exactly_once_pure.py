@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
+from producer.confirmation import Confirmation
+from producer.health import HealthState
 from producer.kafka_transactions import CommitPolicy, KafkaTransactions
 from producer.metrics import Metrics
 from producer.pgoutput import Insert
 from producer.resume_point import ResumePoint
+from producer.stopping import StopFlag
 from tests.support.pgoutput_encoder import encode
 from tests.unit.test_producer_fast_path import (
     REL,
@@ -114,15 +117,15 @@ def test_a_resent_transaction_skips_what_kafka_holds(monkeypatch: pytest.MonkeyP
     resumed, resumed_out = pipeline_with(route_for("d", ("id",)), monkeypatch)
     with_markers(whole)
     with_markers(resumed)
-    assert resumed._tx is not None
-    resumed._tx.resume_after = 3
+    assert resumed.em.tx is not None
+    resumed.em.tx.resume_after = 3
     for n, payload in enumerate(inserts):
-        assert whole._fast_dml(payload, payload[0], 0x2100 + n) is True
+        assert whole.fast(payload, payload[0], 0x2100 + n) is True
         # a resumed transaction takes the careful path (the fast path steps aside)
-        assert resumed._fast_dml(payload, payload[0], 0x2100 + n) is False
+        assert resumed.fast(payload, payload[0], 0x2100 + n) is False
         careful(resumed, payload, 0x2100 + n)
     assert resumed_out.produced == whole_out.produced[-2:]  # no BEGIN, events 4 and 5
-    assert resumed._tx.event_count == whole._tx.event_count == 5  # type: ignore[union-attr]
+    assert resumed.em.tx.event_count == whole.em.tx.event_count == 5  # type: ignore[union-attr]
 
 
 def test_a_commit_while_still_skipping_never_moves_the_position_back(
@@ -133,13 +136,18 @@ def test_a_commit_while_still_skipping_never_moves_the_position_back(
     pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
     with_markers(pipeline)
     sink = FakeSink()
-    pipeline.eot = transactions(sink)
-    tx = pipeline._tx
+    eot = transactions(sink)
+    control = Confirmation(
+        client=None, sink=None, tracker=None, eot=eot, lag=None, metrics=Metrics(),
+        health=HealthState(stall_after_s=120.0), stop=StopFlag(), status_interval_s=10.0,
+        heartbeat_interval_s=0.0, heartbeat_topic="db.heartbeat", heartbeat_encoder=None,
+    )  # type: ignore[arg-type]  # fmt: skip
+    tx = pipeline.em.tx
     assert tx is not None
     tx.resume_after = 3
     payload = encode(Insert(None, REL, row(1, "a", "x", "1")))
     careful(pipeline, payload, 0x2100)
     assert recorder.produced == [] and tx.event_count == 1
     sink.begin_transaction()
-    pipeline._commit_kafka(partial=tx)
+    control.commit_kafka(partial=tx)
     assert sink.produced[-1][2] == ResumePoint(tx.commit_lsn, 3, False).encode()

@@ -1,19 +1,24 @@
-"""The pipeline's fast path (Insert/Update/Delete bytes -> produced events, no decoded
-messages) produces exactly what the careful path (decode, then the message handlers)
-produces, and steps aside for everything else. Real codecs and envelope writer; Kafka is a
-recorder; no services."""
+"""The fast path (``producer.fast_dml``: Insert/Update/Delete bytes -> produced events, no
+decoded messages) produces exactly what the careful path (decode, then the emitter's message
+handlers) produces, and steps aside for everything else. Real codecs, envelope writer and
+emitter; Kafka is a recorder; no services."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from producer.config import load_config
-from producer.delivery import Ticket
+from producer.delivery import DeliveryTracker, Ticket
+from producer.emitter import EventEmitter, FixedEncoders, SourceNames
 from producer.envelope_writer import TableEnvelopeWriter
 from producer.errors import StreamStateError
 from producer.events import TableShape
+from producer.fast_dml import FastDml, fast_dml
+from producer.health import HealthState
+from producer.metrics import Metrics
 from producer.pgoutput import (
     UNCHANGED_TOAST,
     Column,
@@ -24,7 +29,6 @@ from producer.pgoutput import (
     Update,
     Value,
 )
-from producer.pipeline import Pipeline
 from producer.tables import TableRoute, wire_row_key_encoder
 from producer.transactions import Transaction
 from schemas.envelope import transaction_key_schema, transaction_metadata_schema
@@ -37,11 +41,6 @@ pytestmark = pytest.mark.unit
 
 INT4, TEXT, NUMERIC = 23, 25, 1700
 REL = 4242
-ENV = {
-    "WALBRIDGE_PG_DSN": "host=localhost dbname=db",
-    "WALBRIDGE_KAFKA_BOOTSTRAP": "localhost:9092",
-    "WALBRIDGE_SCHEMA_REGISTRY_URL": "http://localhost:8081",
-}
 
 
 def route_for(identity: str, key: tuple[str, ...]) -> TableRoute:
@@ -86,26 +85,83 @@ class Recorder:
         self.produced.append((topic, value, key, partition))
 
 
-def pipeline_with(route: TableRoute, monkeypatch: pytest.MonkeyPatch) -> tuple[Pipeline, Recorder]:
-    monkeypatch.setattr("producer.pipeline.time.time_ns", lambda: 1_700_000_000_123_000_000)
-    pipeline = Pipeline(load_config([], ENV))
+@dataclass
+class Rig:
+    """An emitter on a recorder, with its fast path."""
+
+    em: EventEmitter
+    fast: FastDml
+
+
+class FakeKafka:
+    """The KafkaSink methods the emitter calls outside produce (which the recorder takes)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.raw_produce = recorder
+        self.in_transaction = False
+
+    def callback_for(self, ticket: Any) -> Any:
+        return lambda error, message: None
+
+    def begin_transaction(self) -> None:
+        self.in_transaction = True
+
+    def poll(self, timeout: float = 0.0) -> None:
+        pass
+
+
+def fixed_encoders() -> FixedEncoders:
+    return FixedEncoders(
+        tx_topic="db.transaction",
+        tx_key=AvroEncoder(transaction_key_schema(), 5),
+        tx_value=AvroEncoder(transaction_metadata_schema(), 6),
+        hb_topic="db.heartbeat",
+        hb_value=AvroEncoder({"type": "null"}, 7),
+        msg_topic="db.message",
+        msg_key=None,
+        msg_value=None,
+        snapshot_topic="db.snapshot",
+    )
+
+
+def emitter_with(
+    route: TableRoute | None, recorder: Recorder, *, control: Any = None, eot: Any = None
+) -> EventEmitter:
+    em = EventEmitter(
+        names=SourceNames("1", "db", "db"),
+        fixed=fixed_encoders(),
+        sink=FakeKafka(recorder),  # type: ignore[arg-type]
+        tracker=DeliveryTracker(),
+        tables=SimpleNamespace(routes={} if route is None else {REL: route}),  # type: ignore[arg-type]
+        eot=eot,
+        metrics=Metrics(),
+        health=HealthState(stall_after_s=120.0),
+        control=control,
+        keep_alive=lambda: None,
+        publish_messages=False,
+        resume_lsn=0,
+        partial=None,
+    )
+    em.watch(SimpleNamespace(window=None))  # type: ignore[arg-type]
+    return em
+
+
+def pipeline_with(route: TableRoute, monkeypatch: pytest.MonkeyPatch) -> tuple[Rig, Recorder]:
+    """An emitter inside a transaction that has produced its BEGIN marker already."""
+    monkeypatch.setattr("producer.fast_dml.time.time_ns", lambda: 1_700_000_000_123_000_000)
     recorder = Recorder()
-    pipeline._kafka_produce = recorder
-    pipeline._routes = {REL: route}
-    pipeline._tx = Transaction(77, 0x1000, 0)
-    pipeline._tx.event_count = 1  # markers are not this test's business
-    pipeline._ticket = Ticket(0x1000)
-    pipeline._callback = lambda error, message: None
-    return pipeline, recorder
+    em = emitter_with(route, recorder)
+    em.tx = Transaction(77, 0x1000, 0)
+    em.tx.event_count = 1  # markers are not this test's business
+    em.ticket = Ticket(0x1000)
+    em.callback = lambda error, message: None
+    return Rig(em, fast_dml(em, Decoder())), recorder
 
 
-def careful(pipeline: Pipeline, payload: bytes, lsn: int) -> None:
+def careful(rig: Rig, payload: bytes, lsn: int) -> None:
     message = Decoder().decode(payload)
-    handler = {
-        Insert: pipeline._on_insert,
-        Update: pipeline._on_update,
-        Delete: pipeline._on_delete,
-    }
+    em = rig.em
+    handler = {Insert: em.on_insert, Update: em.on_update, Delete: em.on_delete}
     handler[type(message)](message, lsn)  # type: ignore[operator]
 
 
@@ -134,15 +190,15 @@ def test_fast_path_produces_what_the_careful_path_produces(
     payload = encode(message)
     fast, fast_out = pipeline_with(route_for(identity, key), monkeypatch)
     slow, slow_out = pipeline_with(route_for(identity, key), monkeypatch)
-    assert fast._fast_dml(payload, payload[0], 0x900) is True
-    assert fast._fast_dml(memoryview(payload), payload[0], 0x910) is True  # the stream's type
+    assert fast.fast(payload, payload[0], 0x900) is True
+    assert fast.fast(memoryview(payload), payload[0], 0x910) is True  # the stream's type
     careful(slow, payload, 0x900)
     careful(slow, payload, 0x910)
     assert len(fast_out.produced) == 2
     assert fast_out.produced == slow_out.produced
-    assert fast._tx is not None and slow._tx is not None
-    assert fast._tx.event_count == slow._tx.event_count == 3
-    assert fast._ticket is not None and fast._ticket.outstanding == 2
+    assert fast.em.tx is not None and slow.em.tx is not None
+    assert fast.em.tx.event_count == slow.em.tx.event_count == 3
+    assert fast.em.ticket is not None and fast.em.ticket.outstanding == 2
 
 
 STEP_ASIDE = [
@@ -158,7 +214,7 @@ STEP_ASIDE = [
 @pytest.mark.parametrize("message", STEP_ASIDE)
 def test_fast_path_steps_aside(message: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
-    assert pipeline._fast_dml(encode(message), encode(message)[0], 0x900) is False
+    assert pipeline.fast(encode(message), encode(message)[0], 0x900) is False
     assert recorder.produced == []
 
 
@@ -168,23 +224,20 @@ def test_fast_path_steps_aside_for_malformed_payloads_and_skipped_transactions(
     pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
     good = encode(Insert(None, REL, row(1, "a", "x", "1")))
     for cut in range(len(good)):
-        assert pipeline._fast_dml(good[:cut], good[0], 0x900) is False
-    assert pipeline._fast_dml(good + b"\x00", good[0], 0x900) is False  # trailing byte
-    pipeline._skipping = True
-    assert pipeline._fast_dml(good, good[0], 0x900) is False
-    pipeline._skipping = False
+        assert pipeline.fast(good[:cut], good[0], 0x900) is False
+    assert pipeline.fast(good + b"\x00", good[0], 0x900) is False  # trailing byte
+    pipeline.em.skipping = True
+    assert pipeline.fast(good, good[0], 0x900) is False
+    pipeline.em.skipping = False
     assert recorder.produced == []
-    assert pipeline._fast_dml(good, good[0], 0x900) is True
+    assert pipeline.fast(good, good[0], 0x900) is True
     assert len(recorder.produced) == 1
 
 
-def with_markers(pipeline: Pipeline) -> Pipeline:
+def with_markers(rig: Rig) -> Rig:
     """A fresh transaction (no event yet: the first event brings its BEGIN marker)."""
-    pipeline.tx_topic = "db.transaction"
-    pipeline.tx_key = AvroEncoder(transaction_key_schema(), 5)
-    pipeline.tx_value = AvroEncoder(transaction_metadata_schema(), 6)
-    pipeline._tx = Transaction(78, 0x2000, 0)
-    return pipeline
+    rig.em.tx = Transaction(78, 0x2000, 0)
+    return rig
 
 
 def test_fast_path_matches_the_careful_path_over_a_whole_transaction(
@@ -204,24 +257,24 @@ def test_fast_path_matches_the_careful_path_over_a_whole_transaction(
     with_markers(slow)
     for n, message in enumerate(messages):
         payload = encode(message)
-        assert fast._fast_dml(payload, payload[0], 0x2100 + n) is True
+        assert fast.fast(payload, payload[0], 0x2100 + n) is True
         careful(slow, payload, 0x2100 + n)
     assert fast_out.produced[0][0] == "db.transaction"  # the BEGIN marker comes first
     assert len(fast_out.produced) == len(messages) + 1
     assert fast_out.produced == slow_out.produced
-    assert fast._tx is not None and slow._tx is not None
-    assert (fast._tx.event_count, fast._tx.collections) == (4, {"public.t": 4})
-    assert (slow._tx.event_count, slow._tx.collections) == (4, {"public.t": 4})
-    assert fast._ticket is not None and slow._ticket is not None
-    assert fast._ticket.outstanding == slow._ticket.outstanding == 5
+    assert fast.em.tx is not None and slow.em.tx is not None
+    assert (fast.em.tx.event_count, fast.em.tx.collections) == (4, {"public.t": 4})
+    assert (slow.em.tx.event_count, slow.em.tx.collections) == (4, {"public.t": 4})
+    assert fast.em.ticket is not None and slow.em.ticket is not None
+    assert fast.em.ticket.outstanding == slow.em.ticket.outstanding == 5
 
 
 def test_fast_path_steps_aside_outside_a_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
     """No transaction open: nothing produced, and the careful path raises the precise error."""
     pipeline, recorder = pipeline_with(route_for("d", ("id",)), monkeypatch)
-    pipeline._tx = None
+    pipeline.em.tx = None
     payload = encode(Insert(None, REL, row(1, "a", "x", "1")))
-    assert pipeline._fast_dml(payload, payload[0], 0x900) is False
+    assert pipeline.fast(payload, payload[0], 0x900) is False
     assert recorder.produced == []
     with pytest.raises(StreamStateError, match="outside a transaction"):
         careful(pipeline, payload, 0x900)

@@ -11,9 +11,15 @@ import pytest
 from test_replication_stream import WAIT, FakeClock, FakeConn, make_stream, xlogdata
 
 from producer.config import load_config
-from producer.pgoutput import Commit
-from producer.pipeline import _ACK_WAIT_S, Pipeline
+from producer.confirmation import ACK_WAIT_S, Confirmation
+from producer.delivery import DeliveryTracker
+from producer.emitter import EventEmitter, SourceNames
+from producer.health import HealthState
+from producer.metrics import Metrics
+from producer.pgoutput import Commit, Decoder
+from producer.pipeline import Pipeline
 from producer.replication import ReplicationError
+from producer.stopping import StopFlag
 from producer.transactions import Transaction
 
 pytestmark = pytest.mark.unit
@@ -73,6 +79,7 @@ class FakeClient:
 
 class FakeSink:
     broker_down = False
+    raw_produce = None  # nothing is produced here
 
     def poll(self, timeout: float = 0.0) -> None:
         pass
@@ -82,34 +89,50 @@ class FakeSink:
 
 
 def test_pipeline_asks_for_short_ticks_while_acks_are_outstanding() -> None:
-    pipeline = Pipeline(
-        load_config(
-            [],
-            {
-                "WALBRIDGE_PG_DSN": "host=localhost dbname=db",
-                "WALBRIDGE_KAFKA_BOOTSTRAP": "localhost:9092",
-                "WALBRIDGE_SCHEMA_REGISTRY_URL": "http://localhost:8081",
-            },
-        )
+    config = load_config(
+        [],
+        {
+            "WALBRIDGE_PG_DSN": "host=localhost dbname=db",
+            "WALBRIDGE_KAFKA_BOOTSTRAP": "localhost:9092",
+            "WALBRIDGE_SCHEMA_REGISTRY_URL": "http://localhost:8081",
+        },
     )
-    client, sink = FakeClient(), FakeSink()
-    pipeline.client = client  # type: ignore[assignment]
-    pipeline.sink = sink  # type: ignore[assignment]
-    pipeline.tables = SimpleNamespace(routes={})  # type: ignore[assignment]
-    pipeline._next_heartbeat = float("inf")
-    pipeline._callback = lambda *_a: None
+    client, sink, tracker, stop = FakeClient(), FakeSink(), DeliveryTracker(), StopFlag()
+    metrics, health = Metrics(), HealthState(stall_after_s=120.0)
+    control = Confirmation(
+        client=client, sink=sink, tracker=tracker, eot=None, lag=SimpleNamespace(anchor_ms=None),
+        metrics=metrics, health=health, stop=stop, status_interval_s=10.0,
+        heartbeat_interval_s=0.0, heartbeat_topic="db.heartbeat", heartbeat_encoder=None,
+    )  # type: ignore[arg-type]  # fmt: skip
+    emitter = EventEmitter(
+        names=SourceNames("1", "db", "db"), fixed=None, sink=sink, tracker=tracker,
+        tables=SimpleNamespace(routes={}), eot=None, metrics=metrics, health=health,
+        control=control, keep_alive=stop.check, publish_messages=False, resume_lsn=0,
+        partial=None,
+    )  # type: ignore[arg-type]  # fmt: skip
+    snapshots = SimpleNamespace(
+        on_commit=lambda lsn: None, on_confirmed=lambda lsn: None, tick=lambda: None,
+        describe=lambda: "", active=False, unconfirmed=False, window=None,
+    )  # fmt: skip
+    emitter.watch(snapshots)  # type: ignore[arg-type]
+    pipeline = Pipeline(
+        config=config, stop=stop, health=health, metrics=metrics, decoder=Decoder(),
+        tracker=tracker, client=client, sink=sink, sql=None, catalog=None, tables=None,
+        eot=None, emitter=emitter, fast_dml=None, control=control, snapshots=snapshots,
+        lag=None, http=None,
+    )  # type: ignore[arg-type]  # fmt: skip
     # A transaction whose one event Kafka has not acknowledged yet at its Commit.
-    pipeline._ticket = pipeline.tracker.open(0x200)
-    pipeline._ticket.outstanding = 1
-    pipeline._tx = Transaction(5, 0x200, 0)
+    emitter.ticket = tracker.open(0x200)
+    emitter.ticket.outstanding = 1
+    emitter.tx = Transaction(5, 0x200, 0)
     pipeline._on_commit(Commit(flags=0, commit_lsn=0x200, end_lsn=0x210, commit_ts=0), 0x200)
-    assert client.idle_asks == [_ACK_WAIT_S]
+    assert client.idle_asks == [ACK_WAIT_S]
     assert client.confirmed_lsn == 0
     pipeline._on_idle()  # still outstanding: keep the short ticks
-    assert client.idle_asks == [_ACK_WAIT_S]
+    assert client.idle_asks == [ACK_WAIT_S]
     for ticket in list(pipeline.tracker._fifo):  # the acknowledgements arrive
         ticket.outstanding = 0
         ticket.closed = True
     pipeline._on_idle()
     assert client.confirmed_lsn == 0x210
-    assert client.idle_asks == [_ACK_WAIT_S, None]
+    assert client.idle_asks == [ACK_WAIT_S, None]
