@@ -5,6 +5,9 @@ and the progress table says from which batch on no snapshot was under way."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -14,7 +17,7 @@ import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.e2e.harness import pipeline
+from tests.e2e.harness import pipeline, wait_for
 from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
@@ -86,4 +89,56 @@ def test_existing_rows_of_every_table_shape_reach_the_lake(
             assert p.progress()[-1]["snapshotting"] == []
     finally:
         stop.set()
+        sql(pg_dsn, f"DROP SCHEMA IF EXISTS {s} CASCADE")
+
+
+def test_the_progress_table_names_a_table_while_its_snapshot_runs(
+    spark: SparkSession, pg_dsn: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+) -> None:
+    """Not timing-dependent: the snapshot's reads wait for a lock the test holds, so the
+    batch that reads its resume record runs while it is certainly unfinished."""
+    s = f"e2e_snapping_{uuid.uuid4().hex[:8]}"
+    held, other = f"{s}.held", f"{s}.other"
+    sql(
+        pg_dsn,
+        f"CREATE SCHEMA {s}",
+        f"CREATE TABLE {held} (id int PRIMARY KEY, v text)",
+        f"INSERT INTO {held} SELECT g, 'v' || g FROM generate_series(1, 5000) g",
+        f"CREATE TABLE {other} (id int PRIMARY KEY)",
+    )
+    try:
+        with pipeline(
+            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [held, other], "e2esnapping"
+        ) as p:
+            p.start_producer()  # --snapshot never: the signal asks for the snapshot
+            with psycopg.connect(pg_dsn) as lock:  # a transaction open until the block ends
+                lock.execute(f"LOCK TABLE {held} IN ACCESS EXCLUSIVE MODE")
+                asked = subprocess.run(
+                    [sys.executable, "-m", "producer", "snapshot", held],
+                    env={**os.environ, "WALBRIDGE_PG_DSN": pg_dsn},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert asked.returncode == 0, asked.stderr
+                wait_for(
+                    "the producer to take the signal",
+                    lambda: "snapshotting" in p.producer.http("/readyz")[1],
+                    every=0.2,
+                )
+                p.sql(f"INSERT INTO {other} VALUES (1)")
+                p.wait_published()  # the signal's transaction, its resume record, the insert
+                p.consume_available()
+                assert p.progress()[-1]["snapshotting"] == [held]
+                assert [r["id"] for r in p.table(other)] == [1]
+            wait_for(
+                "the snapshot to end",
+                lambda: "snapshotting" not in p.producer.http("/readyz")[1],
+                every=0.5,
+            )
+            p.wait_published()
+            p.consume_available()
+            assert p.progress()[-1]["snapshotting"] == []
+            p.assert_equal()
+    finally:
         sql(pg_dsn, f"DROP SCHEMA IF EXISTS {s} CASCADE")
