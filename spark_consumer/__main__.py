@@ -38,9 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     from spark_consumer.batch import BatchProcessor
     from spark_consumer.config import parse_run
-    from spark_consumer.registry import WriterSchemas
     from spark_consumer.session import build_session
     from spark_consumer.source import start
+    from spark_consumer.writer_schemas import WriterSchemas
 
     config = parse_run(argv, os.environ)  # fail fast, before Spark starts
     metrics = ConsumerMetrics()

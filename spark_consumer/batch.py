@@ -26,8 +26,17 @@ from pyspark.sql import functions as F
 
 from schemas import snapshot_state
 from schemas.topics import TopicKind, classify, message_topic, snapshot_topic, transaction_topic
-from spark_consumer import batch_values, merge, pending, progress, quarantine, summary
-from spark_consumer import envelope as E
+from spark_consumer import codegen_stable, merge, pending, progress, quarantine, transaction_stats
+from spark_consumer.columns import (
+    COMMIT_LSN,
+    FIRST_SEEN,
+    OFFSET,
+    OK,
+    PARTITION,
+    TOPIC,
+    key_fields,
+    row_fields,
+)
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.decode import markers, table_events, with_envelope_from_avro
@@ -37,11 +46,11 @@ from spark_consumer.errors import ConfigError, RecordError, TransactionError, Un
 from spark_consumer.framing import schema_id_col
 from spark_consumer.metrics import ConsumerMetrics
 from spark_consumer.reassembly import Plan, TableWork, check_age, decide
-from spark_consumer.registry import SchemaNotFound, WriterSchemas
+from spark_consumer.writer_schemas import SchemaNotFound, WriterSchemas
 
 log = logging.getLogger("walbridge.consumer")
 
-COORDS = ["topic", "partition", "offset"]
+RECORD_ID_COLUMNS = ["topic", "partition", "offset"]
 
 # The batch's caches (raw rows, decoded tables, markers) keep Spark's columnar batches as JVM
 # objects, spilling to disk under memory pressure. PySpark's MEMORY_AND_DISK is the
@@ -179,13 +188,17 @@ class BatchProcessor:
 
     def _framed(self, batch: DataFrame, before: progress.Progress) -> DataFrame:
         # First seen now: null here, the clock filled in where it is needed (summary, pending
-        # save), so the clock does not end up in this stage's generated code (batch_values.py).
+        # save), so the clock does not end up in this stage's generated code (codegen_stable.py).
         rows = batch.select(
-            *COORDS, "key", "value", "timestamp", F.lit(None).cast("long").alias(E.FIRST_SEEN)
+            *RECORD_ID_COLUMNS,
+            "key",
+            "value",
+            "timestamp",
+            F.lit(None).cast("long").alias(FIRST_SEEN),
         )
         if before.pending_version is not None:  # None: nothing waited after the last batch
             old = pending.load(self.spark, self.config.pending_path, before.pending_version)
-            rows = rows.unionByName(old).dropDuplicates(COORDS)
+            rows = rows.unionByName(old).dropDuplicates(RECORD_ID_COLUMNS)
         return rows.withColumn("_vid", schema_id_col(F.col("value"))).withColumn(
             "_kid", schema_id_col(F.col("key"))
         )
@@ -273,7 +286,7 @@ class BatchProcessor:
 
     def _reject(self, rows: DataFrame, batch_id: int, app_id: str = quarantine.FRAMING) -> int:
         """Quarantine the rows (with `_reason`), or stop naming the first. Returns how many."""
-        first = rows.orderBy(*COORDS).limit(1).collect()
+        first = rows.orderBy(*RECORD_ID_COLUMNS).limit(1).collect()
         if not first:
             return 0
         if self.config.quarantine_path:
@@ -307,11 +320,11 @@ class BatchProcessor:
             frames: list[DataFrame] = []
             columns: list[str] = []
             key = self._key(info, self.config.table_path(info.schema, info.table))
-            keys = [E.key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
+            keys = [key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
             unique = True
             pg_names: dict[str, str] = {}
             for vid in info.value_ids:
-                fields = E.row_fields(self.schemas.parsed(vid))
+                fields = row_fields(self.schemas.parsed(vid))
                 pg_names |= {f.name: f.pg_name for f in fields if f.pg_name}
                 names = {f.name for f in fields}
                 unique &= all(bool(k) and set(k) < names for k in keys)
@@ -387,7 +400,7 @@ class BatchProcessor:
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
-        data, marks, bad = summary.collect(
+        data, marks, bad = transaction_stats.collect(
             [(t.events, t.key[0] if t.key else None) for t in tables.values()],
             marker_df,
             before.commit_lsn,
@@ -504,10 +517,12 @@ class BatchProcessor:
             )
             self._mode_checked.add(path)
         lo, hi = plan.watermark_before, plan.watermark_after
-        lsn = F.col(E.COMMIT_LSN)
+        lsn = F.col(COMMIT_LSN)
         changes = table.events.filter(
-            batch_values.greater(lsn, lo) & batch_values.at_most(lsn, hi) & summary.usable()
-        ).drop(E.OK)
+            codegen_stable.greater(lsn, lo)
+            & codegen_stable.at_most(lsn, hi)
+            & transaction_stats.usable()
+        ).drop(OK)
         tc = merge.TableChanges(
             info.schema,
             info.table,
@@ -571,59 +586,64 @@ class BatchProcessor:
             and pending_before is not None
             and table_version(self.spark, self.config.pending_path) == pending_before
         )
-        later = batch_values.greater(F.col(E.COMMIT_LSN), plan.watermark_after)
+        later = codegen_stable.greater(F.col(COMMIT_LSN), plan.watermark_after)
         coords = [
-            F.col(E.TOPIC).alias("topic"),
-            F.col(E.PARTITION).alias("partition"),
-            F.col(E.OFFSET).alias("offset"),
+            F.col(TOPIC).alias("topic"),
+            F.col(PARTITION).alias("partition"),
+            F.col(OFFSET).alias("offset"),
         ]
         waiting = reduce(
             DataFrame.unionByName,
-            [t.events.filter(summary.usable() & later).select(*coords) for t in tables.values()]
-            + [marker_df.filter(F.col(E.OK) & later).select(*coords)],
+            [
+                t.events.filter(transaction_stats.usable() & later).select(*coords)
+                for t in tables.values()
+            ]
+            + [marker_df.filter(F.col(OK) & later).select(*coords)],
         )
-        rows = raw.join(waiting, COORDS, "left_semi")
+        rows = raw.join(waiting, RECORD_ID_COLUMNS, "left_semi")
         if append:
-            rows = rows.filter(F.col(E.FIRST_SEEN).isNull())  # read by this batch, not before
-        first_seen = batch_values.or_value(F.col(E.FIRST_SEEN), now_ms)  # null: read now
+            rows = rows.filter(F.col(FIRST_SEEN).isNull())  # read by this batch, not before
+        first_seen = codegen_stable.or_value(F.col(FIRST_SEEN), now_ms)  # null: read now
         return pending.save(
             self.spark,
             self.config.pending_path,
-            rows.withColumn(E.FIRST_SEEN, first_seen),
+            rows.withColumn(FIRST_SEEN, first_seen),
             append=append,
         )
 
     def _key(self, info: _TopicInfo, path: str) -> tuple[str, ...] | None:
         if info.key_ids:
             # The newest key schema of the batch names the replica identity columns.
-            return E.key_fields(self.schemas.parsed(max(info.key_ids)))
+            return key_fields(self.schemas.parsed(max(info.key_ids)))
         return merge.stored_key(self.spark, path)
 
     def _reject_decoded(
         self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame, batch_id: int
     ) -> int:
         """Bodies that did not decode, and data events outside any transaction: stop, or
-        quarantine them (the plan then leaves them out, as `summary.usable` does)."""
+        quarantine them (the plan then leaves them out, as `transaction_stats.usable` does)."""
         coords = [
-            F.col(E.TOPIC).alias("topic"),
-            F.col(E.PARTITION).alias("partition"),
-            F.col(E.OFFSET).alias("offset"),
+            F.col(TOPIC).alias("topic"),
+            F.col(PARTITION).alias("partition"),
+            F.col(OFFSET).alias("offset"),
         ]
         bad = reduce(
             DataFrame.unionByName,
             [
-                t.events.filter(summary.bad_reason().isNotNull()).select(
-                    *coords, summary.bad_reason().alias("_reason")
+                t.events.filter(transaction_stats.bad_reason().isNotNull()).select(
+                    *coords, transaction_stats.bad_reason().alias("_reason")
                 )
                 for t in tables.values()
             ]
             + [
-                marker_df.filter(~F.col(E.OK)).select(
-                    *coords, F.lit(summary.NOT_DECODED).alias("_reason")
+                marker_df.filter(~F.col(OK)).select(
+                    *coords, F.lit(transaction_stats.NOT_DECODED).alias("_reason")
                 )
             ],
         )
-        return self._reject(raw.join(bad, COORDS, "inner"), batch_id, quarantine.DECODING)
+        return self._reject(
+            raw.join(bad, RECORD_ID_COLUMNS, "inner"), batch_id, quarantine.DECODING
+        )
 
 
 _MARKER_SCHEMA = (

@@ -39,7 +39,7 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from spark_consumer.envelope import RowField
+from spark_consumer.columns import RowField
 
 # A hook gives the lake columns of one field by name (its main column named like the field).
 FieldHook = Callable[[Column, RowField], Mapping[str, Column]]

@@ -11,10 +11,25 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
-from spark_consumer import envelope as E
+from spark_consumer.columns import (
+    COMMIT_LSN,
+    FIRST_SEEN,
+    OFFSET,
+    OK,
+    OP,
+    PARTITION,
+    SCHEMA,
+    TABLE,
+    TOAST,
+    TOPIC,
+    TOTAL_ORDER,
+    TS_MS,
+    TX_ID,
+    RowField,
+)
 from spark_consumer.conversions import FieldConversions
 from spark_consumer.framing import body_col
-from spark_consumer.key_moves import MOVED_FROM_PREFIX
+from spark_consumer.key_change_toast import MOVED_FROM_PREFIX
 
 ENV = "_env"
 
@@ -35,16 +50,16 @@ def decoded_ok(env: Column, required: str) -> Column:
 
 def _coords() -> list[Column]:
     return [
-        F.col("topic").alias(E.TOPIC),
-        F.col("partition").alias(E.PARTITION),
-        F.col("offset").alias(E.OFFSET),
-        F.col("_first_seen").alias(E.FIRST_SEEN),
+        F.col("topic").alias(TOPIC),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+        F.col("_first_seen").alias(FIRST_SEEN),
     ]
 
 
 def table_events(
     decoded: DataFrame,
-    fields: tuple[E.RowField, ...],
+    fields: tuple[RowField, ...],
     conversions: FieldConversions,
     key: tuple[str, ...] = (),
 ) -> DataFrame:
@@ -52,7 +67,7 @@ def table_events(
 
     The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
     REPLICA IDENTITY FULL); t carries no row. A create that follows a key change also names
-    the replaced row's key in `before`: it becomes the `_from_<key>` columns (key_moves.py).
+    the replaced row's key in `before`: it becomes the `_from_<key>` columns (key_change_toast.py).
     """
     env = F.col(ENV)
     moved_from = F.when(env["op"] == "c", env["before"])
@@ -83,15 +98,15 @@ def table_events(
             ).otherwise(toast)
     return decoded.select(
         *_coords(),
-        env["source"]["schema"].alias(E.SCHEMA),
-        env["source"]["table"].alias(E.TABLE),
-        env["transaction"]["id"].alias(E.TX_ID),
-        env["source"]["commit_lsn"].alias(E.COMMIT_LSN),
-        env["transaction"]["total_order"].alias(E.TOTAL_ORDER),
-        env["op"].alias(E.OP),
-        env["source"]["ts_ms"].alias(E.TS_MS),
-        toast.alias(E.TOAST),
-        decoded_ok(env, "op").alias(E.OK),
+        env["source"]["schema"].alias(SCHEMA),
+        env["source"]["table"].alias(TABLE),
+        env["transaction"]["id"].alias(TX_ID),
+        env["source"]["commit_lsn"].alias(COMMIT_LSN),
+        env["transaction"]["total_order"].alias(TOTAL_ORDER),
+        env["op"].alias(OP),
+        env["source"]["ts_ms"].alias(TS_MS),
+        toast.alias(TOAST),
+        decoded_ok(env, "op").alias(OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
         *from_cols,
     )
@@ -102,10 +117,10 @@ def markers(decoded: DataFrame) -> DataFrame:
     return decoded.select(
         *_coords(),
         env["status"].alias("_status"),
-        env["id"].alias(E.TX_ID),
-        env["commit_lsn"].alias(E.COMMIT_LSN),
+        env["id"].alias(TX_ID),
+        env["commit_lsn"].alias(COMMIT_LSN),
         env["ts_ms"].alias("_ts_ms"),  # the source commit time: the consumer's lag
         env["event_count"].alias("_event_count"),
         env["data_collections"].alias("_data_collections"),
-        decoded_ok(env, "status").alias(E.OK),
+        decoded_ok(env, "status").alias(OK),
     )

@@ -6,7 +6,7 @@
   truncate cannot remove rows written after it.
 - Columns in `unchanged_toast` keep the value of the latest earlier change in the batch that
   carried one, else the target's value; a key change's create takes them from the replaced
-  row (key_moves.py); an update that would have to invent one is an error.
+  row (key_change_toast.py); an update that would have to invent one is an error.
 - Matched rows change only if the source's (commit_lsn, total_order) is greater: replay is a
   no-op. Tables without a key are append-only, deduplicated on (commit_lsn, total_order).
 - The ON condition also bounds the first key column to the batch's key range (from the batch
@@ -38,10 +38,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window
 
-from spark_consumer import envelope as E
+from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ApplyError
-from spark_consumer.key_moves import resolve_moved_toast
+from spark_consumer.key_change_toast import resolve_moved_toast
 
 KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
 DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -98,7 +98,7 @@ def check_names(table: str, names: Iterable[str]) -> None:
 
 
 def _target_columns(table: DeltaTable, tc: TableChanges) -> list[str]:
-    cols = [f.name for f in table.toDF().schema.fields if f.name not in E.LAKE_META]
+    cols = [f.name for f in table.toDF().schema.fields if f.name not in LAKE_META]
     check_names(tc.name, cols)
     return cols
 
@@ -108,13 +108,13 @@ def _sql_path(path: str) -> str:
 
 
 def _order(prefix: str = "") -> Column:
-    return F.struct(F.col(prefix + E.COMMIT_LSN), F.col(prefix + E.TOTAL_ORDER))
+    return F.struct(F.col(prefix + COMMIT_LSN), F.col(prefix + TOTAL_ORDER))
 
 
 def _newer(s: str = "s.", t: str = "t.") -> str:
     return (
-        f"({s}{E.COMMIT_LSN} > {t}{E.COMMIT_LSN} OR ({s}{E.COMMIT_LSN} = {t}{E.COMMIT_LSN}"
-        f" AND {s}{E.TOTAL_ORDER} > {t}{E.TOTAL_ORDER}))"
+        f"({s}{COMMIT_LSN} > {t}{COMMIT_LSN} OR ({s}{COMMIT_LSN} = {t}{COMMIT_LSN}"
+        f" AND {s}{TOTAL_ORDER} > {t}{TOTAL_ORDER}))"
     )
 
 
@@ -124,10 +124,10 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
         f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns
     }
     meta = [
-        StructField(E.COMMIT_LSN, LongType(), False),
-        StructField(E.TOTAL_ORDER, LongType(), False),
-        StructField(E.OP, StringType(), True),
-        StructField(E.TS_MS, LongType(), True),
+        StructField(COMMIT_LSN, LongType(), False),
+        StructField(TOTAL_ORDER, LongType(), False),
+        StructField(OP, StringType(), True),
+        StructField(TS_MS, LongType(), True),
     ]
     comments = {c: pg_name_comment(n) for c, n in tc.pg_names.items() if c in src_types}
     if not DeltaTable.isDeltaTable(spark, tc.path):
@@ -222,17 +222,12 @@ def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:
 
 def _after(point: tuple[int, int]) -> Column:
     lsn, order = point
-    return (F.col(E.COMMIT_LSN) > lsn) | (
-        (F.col(E.COMMIT_LSN) == lsn) & (F.col(E.TOTAL_ORDER) > order)
-    )
+    return (F.col(COMMIT_LSN) > lsn) | ((F.col(COMMIT_LSN) == lsn) & (F.col(TOTAL_ORDER) > order))
 
 
 def _before_sql(point: tuple[int, int], t: str = "t.") -> str:
     lsn, order = point
-    return (
-        f"({t}{E.COMMIT_LSN} < {lsn} OR ({t}{E.COMMIT_LSN} = {lsn}"
-        f" AND {t}{E.TOTAL_ORDER} < {order}))"
-    )
+    return f"({t}{COMMIT_LSN} < {lsn} OR ({t}{COMMIT_LSN} = {lsn} AND {t}{TOTAL_ORDER} < {order}))"
 
 
 def _toast_columns(tc: TableChanges) -> list[str]:
@@ -267,14 +262,14 @@ def collapse(
     latest such value is used); otherwise the MERGE keeps the target's value. `first_op` (not
     with TOAST columns) adds the op of each key's first change as `#first_op`.
     """
-    last_cols = [c for c in (*columns, *E.LAKE_META, E.TOAST) if c not in key]
+    last_cols = [c for c in (*columns, *LAKE_META, TOAST) if c not in key]
     if not toast_cols:
         return _last_per_key(changes, key, last_cols, first_op)
     if first_op:
         raise ValueError("collapse: first_op is only computed without TOAST columns")
     aggs = [F.max_by(F.struct(*[F.col(c) for c in last_cols]), _order()).alias("_last")]
     for c in toast_cols:
-        carried = (F.col(E.OP) != "d") & ~F.array_contains(F.col(E.TOAST), c)
+        carried = (F.col(OP) != "d") & ~F.array_contains(F.col(TOAST), c)
         order_if = F.when(carried, _order())
         # max_by ignores rows whose ordering value is null, i.e. changes that did not carry X.
         aggs.append(F.max_by(F.struct(F.col(c).alias("v")), order_if).alias(f"_v_{c}"))
@@ -311,10 +306,10 @@ def _last_per_key(
     (commit_lsn, total_order) and carry the same change, so keeping the one that sorts last is
     exact. The first change's op comes from the same window, so it costs no other sort.
     """
-    order = Window.partitionBy(*key).orderBy(E.COMMIT_LSN, E.TOTAL_ORDER)
+    order = Window.partitionBy(*key).orderBy(COMMIT_LSN, TOTAL_ORDER)
     out = changes.select(*key, *last_cols).withColumn(_NEXT, F.lead(F.lit(True)).over(order))
     if first_op:
-        out = out.withColumn(_FIRST_OP, F.first(E.OP).over(order))
+        out = out.withColumn(_FIRST_OP, F.first(OP).over(order))
     return out.filter(F.col(_NEXT).isNull()).drop(_NEXT)
 
 
@@ -323,7 +318,7 @@ def _insert_values(tc: TableChanges, target_cols: list[str]) -> dict[str, str | 
     values: dict[str, str | Column] = {
         f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols
     }
-    values.update({m: f"s.{m}" for m in E.LAKE_META})
+    values.update({m: f"s.{m}" for m in LAKE_META})
     return values
 
 
@@ -353,7 +348,7 @@ def inserts_only_applies(tc: TableChanges) -> bool:
 
 
 def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[str]) -> None:
-    source = tc.changes.filter(F.col(E.OP) == "c")
+    source = tc.changes.filter(F.col(OP) == "c")
     on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
     key_range = _key_range(tc)
     if key_range is not None:
@@ -399,7 +394,7 @@ def _append(table: DeltaTable, tc: TableChanges, rows: DataFrame, target_cols: l
     values = [
         F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c) for c in target_cols
     ]
-    (rows.select(*values, *E.LAKE_META).write.format("delta").mode("append").save(tc.path))
+    (rows.select(*values, *LAKE_META).write.format("delta").mode("append").save(tc.path))
 
 
 def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
@@ -408,7 +403,7 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     target_cols = _target_columns(table, tc)
     if inserts_only_applies(tc):
         if may_append:  # distinct inserts: every key starts with its only change
-            _append(table, tc, tc.changes.filter(F.col(E.OP) == "c"), target_cols)
+            _append(table, tc, tc.changes.filter(F.col(OP) == "c"), target_cols)
         else:
             _inserts_only_apply(table, tc, target_cols)
         return
@@ -416,7 +411,7 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     point = tc.truncate
     if point is not None:
         changes = changes.filter(_after(point))
-    changes = changes.filter(F.col(E.OP).isin("c", "r", "u", "d"))
+    changes = changes.filter(F.col(OP).isin("c", "r", "u", "d"))
     toast_cols = _toast_columns(tc)
     if toast_cols:
         # Before the MERGE deletes the old keys: a key change's create takes its unchanged
@@ -429,7 +424,7 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     collapsed = collapsed.persist(_CACHE)
     try:
         if may_append and not collapsed.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
-            _append(table, tc, collapsed.filter(F.col(E.OP) != "d"), target_cols)
+            _append(table, tc, collapsed.filter(F.col(OP) != "d"), target_cols)
             return
         source = collapsed.drop(_FIRST_OP) if may_append else collapsed
         if toast_cols and not tc.snapshotting:
@@ -459,22 +454,22 @@ def _merge(
             return "NULL"  # a column the writer no longer has: dropped at the source
         if c in toast_cols:
             keep = f"t.`{c}`" if matched else "NULL"
-            return f"CASE WHEN array_contains(s.{E.TOAST}, '{c}') AND NOT s.`_has_{c}` THEN {keep} ELSE s.`{c}` END"
+            return f"CASE WHEN array_contains(s.{TOAST}, '{c}') AND NOT s.`_has_{c}` THEN {keep} ELSE s.`{c}` END"
         return f"s.`{c}`"
 
     sets: dict[str, str | Column] = {
         f"`{c}`": value(c, True) for c in target_cols if c not in tc.key
     }
-    sets.update({m: f"s.{m}" for m in E.LAKE_META})
+    sets.update({m: f"s.{m}" for m in LAKE_META})
     inserts: dict[str, str | Column] = {f"`{c}`": value(c, False) for c in target_cols}
-    inserts.update({m: f"s.{m}" for m in E.LAKE_META})
+    inserts.update({m: f"s.{m}" for m in LAKE_META})
 
     merge = (
         table.alias("t")
         .merge(source.alias("s"), on)
-        .whenMatchedDelete(f"s.{E.OP} = 'd' AND {newer}")
-        .whenMatchedUpdate(f"s.{E.OP} <> 'd' AND {newer}", sets)
-        .whenNotMatchedInsert(f"s.{E.OP} <> 'd'", inserts)
+        .whenMatchedDelete(f"s.{OP} = 'd' AND {newer}")
+        .whenMatchedUpdate(f"s.{OP} <> 'd' AND {newer}", sets)
+        .whenNotMatchedInsert(f"s.{OP} <> 'd'", inserts)
     )
     if point is not None:
         merge = merge.whenNotMatchedBySourceDelete(_before_sql(point))
@@ -487,18 +482,18 @@ def _check_toast_targets(
     """An update keeping an unchanged TOAST value needs the target row; never invent one."""
     needs = F.lit(False)
     for c in toast_cols:
-        needs = needs | (F.array_contains(E.TOAST, c) & ~F.col(f"_has_{c}"))
+        needs = needs | (F.array_contains(TOAST, c) & ~F.col(f"_has_{c}"))
     orphan = (
-        source.filter(needs & (F.col(E.OP) != "d"))
+        source.filter(needs & (F.col(OP) != "d"))
         .join(table.toDF().select(*tc.key), list(tc.key), "left_anti")
-        .select(*tc.key, E.COMMIT_LSN)
+        .select(*tc.key, COMMIT_LSN)
         .limit(3)
         .collect()
     )
     if orphan:
         raise ApplyError(
             f"table {tc.name}: update with unchanged TOAST value(s) for key(s) not in the lake: "
-            + "; ".join(f"{r.asDict()} at commit_lsn {r[E.COMMIT_LSN]}" for r in orphan)
+            + "; ".join(f"{r.asDict()} at commit_lsn {r[COMMIT_LSN]}" for r in orphan)
         )
 
 
@@ -511,13 +506,13 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
     if point is not None:
         table.delete(_before_sql(point, t=""))
         changes = changes.filter(_after(point))
-    rows = changes.filter(F.col(E.OP) != "t").dropDuplicates([E.COMMIT_LSN, E.TOTAL_ORDER])
+    rows = changes.filter(F.col(OP) != "t").dropDuplicates([COMMIT_LSN, TOTAL_ORDER])
     inserts = _insert_values(tc, target_cols)
     (
         table.alias("t")
         .merge(
             rows.alias("s"),
-            f"t.{E.COMMIT_LSN} = s.{E.COMMIT_LSN} AND t.{E.TOTAL_ORDER} = s.{E.TOTAL_ORDER}",
+            f"t.{COMMIT_LSN} = s.{COMMIT_LSN} AND t.{TOTAL_ORDER} = s.{TOTAL_ORDER}",
         )
         .whenNotMatchedInsert(values=inserts)
         .execute()

@@ -11,7 +11,7 @@ in commit order, so when a batch holds T's END it also holds (or held) the END o
 transaction committed before T. Data events without an END belong to transactions committed
 after every END seen, unless the producer broke the contract (reported as an error).
 
-The Spark side (`spark_consumer.summary`) aggregates a batch into the small records below,
+The Spark side (`spark_consumer.transaction_stats`) aggregates a batch into the small records below,
 one per (transaction, table) and one per transaction's markers; `decide` plans from them.
 """
 

@@ -46,8 +46,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
-from spark_consumer.registry import WriterSchemas
 from spark_consumer.session import build_session
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import (
     ColumnSpec,
     EventWriter,
@@ -241,9 +241,9 @@ def baseline_append(
     """The baseline: decode the same rows the same way and append them to fresh Delta tables."""
     from pyspark.sql import functions as F
 
+    from spark_consumer.columns import row_fields
     from spark_consumer.conversions import DEFAULT_CONVERSIONS
     from spark_consumer.decode import table_events, with_envelope_from_avro
-    from spark_consumer.envelope import row_fields
     from spark_consumer.framing import schema_id_col
 
     schemas = WriterSchemas(client)

@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
+from spark_consumer.columns import row_fields
 from spark_consumer.conversions import DEFAULT_CONVERSIONS
 from spark_consumer.decode import table_events, with_envelope_from_avro
 from spark_consumer.decode_fastavro import with_envelope_fastavro
-from spark_consumer.envelope import row_fields
-from spark_consumer.registry import WriterSchemas
 from spark_consumer.session import build_session
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import (
     ColumnSpec,
     EventWriter,

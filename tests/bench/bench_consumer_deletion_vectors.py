@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_consumer import envelope as E
 from spark_consumer import merge
+from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.session import build_session
 
 COLUMNS = ("id", "v", "note")
@@ -46,10 +46,10 @@ def target(
             F.col("id"),
             (F.col("id") % 1000).alias("v"),
             F.lit("initial row, with some text to give the files a realistic width").alias("note"),
-            F.lit(1).cast("long").alias(E.COMMIT_LSN),
-            F.col("id").alias(E.TOTAL_ORDER),
-            F.lit("c").alias(E.OP),
-            F.lit(0).cast("long").alias(E.TS_MS),
+            F.lit(1).cast("long").alias(COMMIT_LSN),
+            F.col("id").alias(TOTAL_ORDER),
+            F.lit("c").alias(OP),
+            F.lit(0).cast("long").alias(TS_MS),
         )
         .repartitionByRange(max(1, rows // rows_per_file), "id")
         .sortWithinPartitions("id")
@@ -79,11 +79,11 @@ def changes(spark: SparkSession, workload: str, rows: int, n: int, batch: int) -
         F.col("id"),
         ((F.col("id") + batch) % 7).alias("v"),
         F.lit(f"changed in batch {batch}").alias("note"),
-        F.lit(batch + 2).cast("long").alias(E.COMMIT_LSN),
-        F.monotonically_increasing_id().alias(E.TOTAL_ORDER),
-        op.alias(E.OP),
-        F.lit(0).cast("long").alias(E.TS_MS),
-        F.array().cast("array<string>").alias(E.TOAST),
+        F.lit(batch + 2).cast("long").alias(COMMIT_LSN),
+        F.monotonically_increasing_id().alias(TOTAL_ORDER),
+        op.alias(OP),
+        F.lit(0).cast("long").alias(TS_MS),
+        F.array().cast("array<string>").alias(TOAST),
     ).persist()
 
 

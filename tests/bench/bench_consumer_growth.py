@@ -26,8 +26,8 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_consumer import envelope as E
 from spark_consumer import merge
+from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.session import build_session
 
 COLUMNS = ("id", "v", "note")
@@ -40,10 +40,10 @@ def target(spark: SparkSession, path: str, rows: int) -> None:
             F.col("id"),
             (F.col("id") % 1000).alias("v"),
             F.lit("initial row").alias("note"),
-            F.lit(1).cast("long").alias(E.COMMIT_LSN),
-            F.col("id").alias(E.TOTAL_ORDER),
-            F.lit("c").alias(E.OP),
-            F.lit(0).cast("long").alias(E.TS_MS),
+            F.lit(1).cast("long").alias(COMMIT_LSN),
+            F.col("id").alias(TOTAL_ORDER),
+            F.lit("c").alias(OP),
+            F.lit(0).cast("long").alias(TS_MS),
         )
         # ~128k rows per file: a 1M table has 8 files, 10M has 80.
         .repartitionByRange(max(1, rows // 131_072), "id")
@@ -67,11 +67,11 @@ def changes(spark: SparkSession, rows: int, n: int) -> DataFrame:
             F.col("id"),
             (F.col("id") % 7).alias("v"),
             F.lit("changed").alias("note"),
-            F.lit(2).cast("long").alias(E.COMMIT_LSN),
-            (F.col("id") - rows + half + 1).alias(E.TOTAL_ORDER),
-            F.when(F.col("id") < rows, "u").otherwise("c").alias(E.OP),
-            F.lit(0).cast("long").alias(E.TS_MS),
-            F.array().cast("array<string>").alias(E.TOAST),
+            F.lit(2).cast("long").alias(COMMIT_LSN),
+            (F.col("id") - rows + half + 1).alias(TOTAL_ORDER),
+            F.when(F.col("id") < rows, "u").otherwise("c").alias(OP),
+            F.lit(0).cast("long").alias(TS_MS),
+            F.array().cast("array<string>").alias(TOAST),
         )
         .persist()
     )

@@ -23,8 +23,8 @@ from schemas.safe_names import lake_table_path
 from spark_consumer import verify
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, VerifyConfig
-from spark_consumer.registry import WriterSchemas
 from spark_consumer.source import start
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.support import security
 from tests.support.producer_harness import ProducerProcess, Source, sql
 

@@ -1,4 +1,4 @@
-"""The code Spark generates for a batch stays the same from batch to batch (batch_values.py).
+"""The code Spark generates for a batch stays the same from batch to batch (codegen_stable.py).
 
 Spark caches compiled query classes by their Java source. A batch whose LSN bounds or clock
 end up in that source compiles its stages again, and the JIT compiles their loops again; on a
@@ -15,10 +15,10 @@ import pytest
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_consumer import batch_values
+from spark_consumer import codegen_stable
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
-from spark_consumer.registry import WriterSchemas
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import ColumnSpec, EventWriter, TableSpec, registry_client
 from tests.support.spark import KafkaLog, spark  # noqa: F401
 
@@ -41,12 +41,12 @@ def generated_code(df: DataFrame) -> str:
 @pytest.mark.parametrize(
     "name, ours, plain",
     [
-        ("greater", batch_values.greater, lambda c, v: c > F.lit(v)),
-        ("at_most", batch_values.at_most, lambda c, v: c <= F.lit(v)),
-        ("or_value", batch_values.or_value, lambda c, v: F.coalesce(c, F.lit(v))),
+        ("greater", codegen_stable.greater, lambda c, v: c > F.lit(v)),
+        ("at_most", codegen_stable.at_most, lambda c, v: c <= F.lit(v)),
+        ("or_value", codegen_stable.or_value, lambda c, v: F.coalesce(c, F.lit(v))),
     ],
 )
-def test_batch_values_equal_the_plain_expressions_with_one_code(
+def test_codegen_stable_values_equal_the_plain_expressions_with_one_code(
     spark: SparkSession,
     name: str,
     ours: Callable[[Column, int], Column],

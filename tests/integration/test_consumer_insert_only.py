@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_consumer import merge, progress
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
-from spark_consumer.registry import WriterSchemas
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import (
     ColumnSpec,
     EventWriter,

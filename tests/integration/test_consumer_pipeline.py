@@ -17,12 +17,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from spark_consumer import summary
+from spark_consumer import transaction_stats
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.errors import ConfigError
-from spark_consumer.registry import WriterSchemas
 from spark_consumer.source import start
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import (
     ColumnSpec,
     EventWriter,
@@ -301,9 +301,15 @@ def malformed_variants(good: KafkaRecord) -> list[tuple[KafkaRecord, str]]:
             KafkaRecord(good.topic, good.key, b"\x00" + struct.pack(">I", 0xFFFFF) + v[5:]),
             "unknown value schema id 1048575",
         ),
-        (KafkaRecord(good.topic, good.key, v[: 5 + (len(v) - 5) // 2]), summary.NOT_DECODED),
-        (KafkaRecord(good.topic, good.key, v[:5]), summary.NOT_DECODED),  # header, no body
-        (KafkaRecord(good.topic, good.key, v[:-1]), summary.NOT_DECODED),  # last byte cut
+        (
+            KafkaRecord(good.topic, good.key, v[: 5 + (len(v) - 5) // 2]),
+            transaction_stats.NOT_DECODED,
+        ),
+        (
+            KafkaRecord(good.topic, good.key, v[:5]),
+            transaction_stats.NOT_DECODED,
+        ),  # header, no body
+        (KafkaRecord(good.topic, good.key, v[:-1]), transaction_stats.NOT_DECODED),  # last byte cut
         (KafkaRecord(good.topic, good.key, v[:3]), "value is not Confluent-framed Avro"),
         (KafkaRecord(good.topic, b"\x07nope", v), "key is not Confluent-framed Avro"),
     ]
@@ -361,7 +367,7 @@ def test_truncated_avro_stops_naming_topic_partition_offset(
     offset = 0 if what == "event" else len([r for r in records if r.topic == topic])
     with pytest.raises(
         StreamingQueryException,
-        match=rf"{re.escape(summary.NOT_DECODED)}.*topic '{re.escape(good.topic)}', "
+        match=rf"{re.escape(transaction_stats.NOT_DECODED)}.*topic '{re.escape(good.topic)}', "
         rf"partition {1 if what == 'event' else 0}, offset {offset}",
     ):
         h.run()

@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from spark_consumer import verify_forms as forms
+from spark_consumer.columns import RowField
 from spark_consumer.conversions import DEFAULT_CONVERSIONS
-from spark_consumer.envelope import RowField
 from spark_consumer.errors import TransactionError
 from spark_consumer.reassembly import MarkerStats, TableStats, decide
 

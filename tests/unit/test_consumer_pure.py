@@ -9,8 +9,8 @@ import pytest
 from schemas.topics import TopicKind, classify, subscribe_pattern
 from schemas.wire import FramingError, split_frame
 from spark_consumer import progress, verify
+from spark_consumer.columns import key_fields, row_fields
 from spark_consumer.config import Decoder, parse_run, parse_verify
-from spark_consumer.envelope import key_fields, row_fields
 from spark_consumer.errors import ConfigError, TransactionError
 from spark_consumer.reassembly import TxSummary, check_age
 from tests.support.event_writer import ColumnSpec, TableSpec

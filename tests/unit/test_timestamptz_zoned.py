@@ -26,8 +26,8 @@ from schemas.type_mapping import (
     MappingContext,
     map_type,
 )
+from spark_consumer.columns import RowField
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, ISO_INSTANT
-from spark_consumer.envelope import RowField
 from spark_consumer.verify_forms import render_scalar
 
 TIMESTAMPTZ, TIMESTAMPTZ_ARRAY, INT8 = 1184, 1185, 20

@@ -1,4 +1,7 @@
-"""Writer schemas by id from the registry, fetched once per id (ids are immutable)."""
+"""Writer schemas by id from the registry, fetched once per id (ids are immutable).
+
+The consumer's read side only; registration lives in `schemas/registry.py` (the producer's).
+"""
 
 from __future__ import annotations
 

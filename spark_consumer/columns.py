@@ -1,4 +1,8 @@
-"""What the consumer needs to know about writer schemas (CONTRACT.md, "Events"): pure functions."""
+"""Column names, pure: the lake's bookkeeping columns, the batch's working columns, and the
+source and key columns a writer schema declares (CONTRACT.md, "Events" and "Lake").
+
+Not to be confused with `schemas/envelope.py`, which writes the envelope schemas themselves.
+"""
 
 from __future__ import annotations
 

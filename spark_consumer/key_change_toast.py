@@ -16,7 +16,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_consumer import envelope as E
+from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER
 
 MOVED_FROM_PREFIX = "_from_"  # per key column: the replaced row's key (creates after a key change)
 MAX_PASSES = 4
@@ -27,7 +27,7 @@ def moved_from_columns(key: tuple[str, ...]) -> list[str]:
 
 
 def _order(prefix: str = "") -> Column:
-    return F.struct(F.col(prefix + E.COMMIT_LSN), F.col(prefix + E.TOTAL_ORDER))
+    return F.struct(F.col(prefix + COMMIT_LSN), F.col(prefix + TOTAL_ORDER))
 
 
 def resolve_moved_toast(
@@ -39,15 +39,15 @@ def resolve_moved_toast(
     if not toast_cols or not all(c in changes.columns for c in from_cols):
         return changes
     moved_cond = (
-        (F.col(E.OP) == "c")
+        (F.col(OP) == "c")
         & F.col(from_cols[0]).isNotNull()
-        & F.exists(F.col(E.TOAST), lambda x: x.isin(*toast_cols))
+        & F.exists(F.col(TOAST), lambda x: x.isin(*toast_cols))
     )
     waiting = changes.filter(moved_cond).count()
     for _ in range(MAX_PASSES):
         if waiting == 0:
             break
-        changes = _one_pass(changes, lake, key, toast_cols, moved_cond)
+        changes = _resolve_one_hop(changes, lake, key, toast_cols, moved_cond)
         still = changes.filter(moved_cond).count()
         if still == waiting:  # nothing more can be found; the MERGE's check names what is left
             break
@@ -55,7 +55,7 @@ def resolve_moved_toast(
     return changes
 
 
-def _one_pass(
+def _resolve_one_hop(
     changes: DataFrame,
     lake: DataFrame,
     key: tuple[str, ...],
@@ -68,12 +68,12 @@ def _one_pass(
 
     # Who may hold the value: earlier changes of the old key in this batch that carried it (not
     # deletes), and the lake's row of the old key, older than anything in the batch.
-    carriers = changes.filter(F.col(E.OP) != "d").select(
+    carriers = changes.filter(F.col(OP) != "d").select(
         *[F.col(k).alias(f"_c_{k}") for k in key],
-        F.col(E.COMMIT_LSN).alias("_c_lsn"),
-        F.col(E.TOTAL_ORDER).alias("_c_order"),
+        F.col(COMMIT_LSN).alias("_c_lsn"),
+        F.col(TOTAL_ORDER).alias("_c_order"),
         *[F.col(c).alias(f"_c_v_{c}") for c in toast_cols],
-        *[(~F.array_contains(F.col(E.TOAST), c)).alias(f"_c_has_{c}") for c in toast_cols],
+        *[(~F.array_contains(F.col(TOAST), c)).alias(f"_c_has_{c}") for c in toast_cols],
     )
     # A column the lake does not have yet (added at the source in this batch) holds nothing there.
     in_lake = set(lake.columns)
@@ -92,7 +92,7 @@ def _one_pass(
     candidates = carriers.unionByName(lake_rows)
 
     ids = moved.select(
-        F.col(E.COMMIT_LSN).alias("_m_lsn"), F.col(E.TOTAL_ORDER).alias("_m_order"), *from_cols
+        F.col(COMMIT_LSN).alias("_m_lsn"), F.col(TOTAL_ORDER).alias("_m_order"), *from_cols
     )
     earlier = (F.col("_c_lsn") < F.col("_m_lsn")) | (
         (F.col("_c_lsn") == F.col("_m_lsn")) & (F.col("_c_order") < F.col("_m_order"))
@@ -109,16 +109,16 @@ def _one_pass(
 
     filled = moved.join(
         found,
-        (F.col(E.COMMIT_LSN) == F.col("_m_lsn")) & (F.col(E.TOTAL_ORDER) == F.col("_m_order")),
+        (F.col(COMMIT_LSN) == F.col("_m_lsn")) & (F.col(TOTAL_ORDER) == F.col("_m_order")),
         "left",
     )
-    toast = F.col(E.TOAST)
+    toast = F.col(TOAST)
     exprs: dict[str, Column] = {}
     for c in toast_cols:
         resolved = F.array_contains(toast, c) & (F.coalesce(F.col(f"_r_has_{c}"), F.lit(0)) == 1)
         exprs[c] = F.when(resolved, F.col(f"_r_{c}")["v"]).otherwise(F.col(c))
         toast = F.when(resolved, F.array_remove(toast, c)).otherwise(toast)
-    exprs[E.TOAST] = toast
+    exprs[TOAST] = toast
     filled = filled.withColumns(exprs).select(*changes.columns)
     # Resolved creates no longer qualify as moved-with-TOAST, so the next pass skips them; a
     # create whose old key had no carrier keeps its list (and the MERGE check names it).

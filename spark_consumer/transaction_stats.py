@@ -16,8 +16,21 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
 
-from spark_consumer import batch_values
-from spark_consumer import envelope as E
+from spark_consumer import codegen_stable
+from spark_consumer.columns import (
+    COMMIT_LSN,
+    FIRST_SEEN,
+    OFFSET,
+    OK,
+    OP,
+    PARTITION,
+    SCHEMA,
+    TABLE,
+    TOAST,
+    TOPIC,
+    TOTAL_ORDER,
+    TX_ID,
+)
 from spark_consumer.reassembly import MarkerStats, TableStats
 
 NOT_DECODED = "Avro body does not decode with its writer schema"
@@ -37,13 +50,13 @@ class BadRecord:
 
 def bad_reason() -> Column:
     """Why a decoded data event cannot be applied, or null when it can."""
-    return F.when(~F.col(E.OK), F.lit(NOT_DECODED)).when(
-        F.col(E.TX_ID).isNull() | F.col(E.COMMIT_LSN).isNull(), F.lit(NO_TRANSACTION)
+    return F.when(~F.col(OK), F.lit(NOT_DECODED)).when(
+        F.col(TX_ID).isNull() | F.col(COMMIT_LSN).isNull(), F.lit(NO_TRANSACTION)
     )
 
 
 def usable() -> Column:
-    return F.col(E.OK) & F.col(E.TX_ID).isNotNull() & F.col(E.COMMIT_LSN).isNotNull()
+    return F.col(OK) & F.col(TX_ID).isNotNull() & F.col(COMMIT_LSN).isNotNull()
 
 
 def _key_bounds(key_type: DataType | None, key: str | None) -> tuple[Column, Column]:
@@ -62,20 +75,20 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
     key_type = next((f.dataType for f in events.schema.fields if f.name == key), None)
     k_long, k_str = _key_bounds(key_type, key)
     reason = bad_reason()
-    later = batch_values.greater(F.col(E.COMMIT_LSN), watermark)
+    later = codegen_stable.greater(F.col(COMMIT_LSN), watermark)
     return events.filter(reason.isNotNull() | later).select(
         F.lit("d").alias("kind"),
         reason.alias("bad"),
-        F.col(E.TX_ID).alias("tx"),
-        F.concat_ws(".", E.SCHEMA, E.TABLE).alias("coll"),
-        F.col(E.TOPIC).alias("topic"),
-        F.col(E.PARTITION).alias("part"),
-        F.col(E.OFFSET).alias("off"),
-        F.col(E.COMMIT_LSN).alias("lsn"),
-        F.col(E.TOTAL_ORDER).alias("ord"),
-        F.col(E.OP).alias("op"),
-        F.col(E.FIRST_SEEN).alias("seen"),
-        F.col(E.TOAST).alias("toast"),
+        F.col(TX_ID).alias("tx"),
+        F.concat_ws(".", SCHEMA, TABLE).alias("coll"),
+        F.col(TOPIC).alias("topic"),
+        F.col(PARTITION).alias("part"),
+        F.col(OFFSET).alias("off"),
+        F.col(COMMIT_LSN).alias("lsn"),
+        F.col(TOTAL_ORDER).alias("ord"),
+        F.col(OP).alias("op"),
+        F.col(FIRST_SEEN).alias("seen"),
+        F.col(TOAST).alias("toast"),
         k_long.alias("k_long"),
         k_str.alias("k_str"),
         F.lit(None).cast("string").alias("status"),
@@ -85,19 +98,19 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
 
 
 def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
-    later = batch_values.greater(F.col(E.COMMIT_LSN), watermark)
-    return markers.filter(~F.col(E.OK) | later).select(
+    later = codegen_stable.greater(F.col(COMMIT_LSN), watermark)
+    return markers.filter(~F.col(OK) | later).select(
         F.lit("m").alias("kind"),
-        F.when(~F.col(E.OK), F.lit(NOT_DECODED)).alias("bad"),
-        F.col(E.TX_ID).alias("tx"),
+        F.when(~F.col(OK), F.lit(NOT_DECODED)).alias("bad"),
+        F.col(TX_ID).alias("tx"),
         F.lit(None).cast("string").alias("coll"),
-        F.col(E.TOPIC).alias("topic"),
-        F.col(E.PARTITION).alias("part"),
-        F.col(E.OFFSET).alias("off"),
-        F.col(E.COMMIT_LSN).alias("lsn"),
+        F.col(TOPIC).alias("topic"),
+        F.col(PARTITION).alias("part"),
+        F.col(OFFSET).alias("off"),
+        F.col(COMMIT_LSN).alias("lsn"),
         F.lit(None).cast("long").alias("ord"),
         F.lit(None).cast("string").alias("op"),
-        F.col(E.FIRST_SEEN).alias("seen"),
+        F.col(FIRST_SEEN).alias("seen"),
         F.lit(None).cast("array<string>").alias("toast"),
         F.lit(None).cast("long").alias("k_long"),
         F.lit(None).cast("string").alias("k_str"),

@@ -1,10 +1,10 @@
-"""Unchanged TOAST values carried across primary-key changes (spark_consumer.key_moves), on Spark."""
+"""Unchanged TOAST values carried across primary-key changes (spark_consumer.key_change_toast), on Spark."""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from spark_consumer.key_moves import resolve_moved_toast
+from spark_consumer.key_change_toast import resolve_moved_toast
 from tests.support.spark import spark  # noqa: F401
 
 CHANGES = (
