@@ -10,7 +10,7 @@ emitter's state); everything else arrives decoded here (the careful path).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -39,6 +39,8 @@ from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.watermarks import INTERNAL_PREFIX
 from producer.tables import TableRoute, TableRoutes
 from producer.transactions import Transaction, now_ms
+from schemas.avro_binary import SMALL_LONGS as _SMALL
+from schemas.avro_binary import long_bytes
 from schemas.snapshot_state import TableState
 from schemas.wire import AvroEncoder
 
@@ -286,10 +288,13 @@ class EventEmitter:
             raise StreamStateError(f"row change of {route.table} outside a transaction", lsn)
         window = self.snapshots.window
         if window is not None and window.opened and window.table.collection == route.table:
-            image = after if after is not None else before
-            seen = key if key is not None else image
-            if seen is not None:
-                window.saw(seen, bool(unchanged_toast))
+            if window.whole:  # a table without a key: its whole rows, and which transaction
+                window.saw_image(tx.xid, before, after)
+            else:
+                image = after if after is not None else before
+                seen = key if key is not None else image
+                if seen is not None:
+                    window.saw(seen, bool(unchanged_toast))
         self.begin_marker_once(tx)
         total_order, data_collection_order = tx.next_order(route.table)
         if total_order <= tx.resume_after:
@@ -316,13 +321,35 @@ class EventEmitter:
             route = self.route(table.oid, lsn)
         return route
 
-    def emit_read(
-        self, route: TableRoute, row: bytes, key: bytes | None, last: bool, lsn: int
+    def emit_reads(
+        self, route: TableRoute, rows: Sequence[tuple[bytes, bytes | None]], last: bool, lsn: int
     ) -> None:
-        """One snapshot row (``op: "r"``) in the current transaction (a high watermark's)."""
+        """Snapshot rows (``op: "r"``; (row body, key body or None) each) in the current
+        transaction (a high watermark's), in order; with ``last``, the final one is the
+        table's last (``source.snapshot`` "last")."""
+        if not rows:
+            return
         tx = self._require_tx("snapshot row", lsn)
         tx.splittable = False  # the rows are read for this transaction, not resent with it
-        marker = "last" if last else "true"
+        if tx.event_count == 0:
+            self.produce_marker(tx.begin_marker())
+        if last:
+            self._emit_read_run(route, rows[:-1], "true", tx, lsn)
+            self._emit_read_run(route, rows[-1:], "last", tx, lsn)
+        else:
+            self._emit_read_run(route, rows, "true", tx, lsn)
+
+    def _emit_read_run(
+        self,
+        route: TableRoute,
+        rows: Sequence[tuple[bytes, bytes | None]],
+        marker: str,
+        tx: Transaction,
+        lsn: int,
+    ) -> None:
+        """``produce`` of each row's event, inlined: a snapshot publishes millions of rows in
+        runs that share everything but the row, the key and the two orders (one join and
+        one librdkafka call per row)."""
         schema_id = route.value_encoder.schema_id
         writer = self._read_writers.get((route.table, schema_id, marker))
         if writer is None:
@@ -333,15 +360,48 @@ class EventEmitter:
                 prefix=names.prefix, db=names.db, schema=schema, table=name, snapshot=marker,
             )  # fmt: skip
             self._read_writers[(route.table, schema_id, marker)] = writer
-        if tx.event_count == 0:
-            self.produce_marker(tx.begin_marker())
-        total_order, data_collection_order = tx.next_order(route.table)
-        value = writer.encode(
-            "r", None, row, tx.encoded, lsn, now_ms(), total_order, data_collection_order, []
-        )
-        header = route.key_header
-        framed = header + key if key is not None and header is not None else None
-        self.produce(route.topic, route.counts, framed, value, route.table)
+        lead, middle, tail = writer.image_parts("r", tx.encoded, lsn, now_ms())
+        ticket = self.ticket
+        assert ticket is not None  # inside a transaction
+        topic, counts, header, table = route.topic, route.counts, route.key_header, route.table
+        kafka_produce, callback = self.kafka_produce, self.callback
+        small = _SMALL
+        collections = tx.collections
+        total, position = tx.event_count, collections.get(table, 0)
+        sent = size = 0  # since counted
+        try:
+            for row, key in rows:
+                total += 1
+                position += 1
+                t = small[total] if total < 0x2000 else long_bytes(total)
+                value = b"".join(
+                    (
+                        lead, row, middle, t,
+                        t if position == total else small[position] if position < 0x2000
+                        else long_bytes(position),
+                        tail,
+                    )
+                )  # fmt: skip
+                framed = header + key if key is not None and header is not None else None
+                ticket.outstanding += 1  # before produce: a delivery report can't come earlier
+                try:
+                    kafka_produce(topic, value, framed, ANY_PARTITION, callback)
+                except BufferError:
+                    self.wait_for_room(topic, framed, value)
+                except KafkaException as exc:  # refused at once (e.g. over message.max.bytes)
+                    raise DeliveryError(topic, table, tx.commit_lsn, str(exc)) from exc
+                sent += 1
+                size += len(value) + (len(framed) if framed else 0)
+                if sent == POLL_EVERY:
+                    tx.event_count, collections[table] = total, position
+                    counts[0] += sent
+                    counts[1] += size
+                    sent = size = 0
+                    self.serve()
+        finally:
+            tx.event_count, collections[table] = total, position
+            counts[0] += sent
+            counts[1] += size
 
     def emit_snapshot_truncate(self, route: TableRoute, lsn: int) -> None:
         """A table without a key starts its snapshot with a ``t`` (source.snapshot "true"):

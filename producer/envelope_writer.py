@@ -198,6 +198,21 @@ class TableEnvelopeWriter:
             )
         )
 
+    def image_parts(
+        self, op: str, tx: TransactionBytes, lsn: int, ts_ms: int
+    ) -> tuple[bytes, bytes, bytes]:
+        """``encode_image``'s events of one op, transaction, LSN and millisecond without
+        unchanged TOAST columns, as ``lead + row + middle + long_bytes(total_order) +
+        long_bytes(data_collection_order) + tail``: (lead, middle, tail). For a run of
+        snapshot rows (one join per row, the shared parts built once)."""
+        if tx is not self._tx or ts_ms != self._ts_ms:
+            self._sync(tx, ts_ms)
+        pieces = self._images.get(op)
+        if pieces is None:
+            pieces = self._image_pieces(op, tx)
+        lead, mid, post = pieces
+        return lead, mid + long_bytes(lsn) + post, _EMPTY_ARRAY
+
     def _image_pieces(self, op: str, tx: TransactionBytes) -> tuple[bytes, bytes, bytes]:
         """(header + the union branches up to the row, the fields after the row up to the
         ``lsn`` union branch, the fields after the lsn up to the transaction block's id) for

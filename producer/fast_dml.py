@@ -75,7 +75,11 @@ def fast_dml(emitter: EventEmitter, decoder: Decoder) -> FastDml:
             return False
         window = em.snapshots.window  # a snapshot chunk between its watermarks: note the change
         if window is not None and window.opened and window.table.oid == relation_id:
-            window.saw(row if key is None else key, bool(unchanged))
+            if window.whole:  # a table without a key: its whole rows, and which transaction
+                deleted = tag == TAG_DELETE  # an update here has no old row (only N)
+                window.saw_image(tx.xid, row if deleted else None, None if deleted else row)
+            else:
+                window.saw(row if key is None else key, bool(unchanged))
         # From here on as EventEmitter._emit_row with its produce, inlined.
         count = tx.event_count
         if count == 0:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ import psycopg
 from producer.pgoutput import format_lsn
 from producer.snapshot import catalog
 from producer.snapshot.catalog import SnapshotTable
-from producer.snapshot.copy_text import fields, tuple_data
+from producer.snapshot.copy_text import fields, spooled_batches, tuple_data
 from producer.snapshot.reader import ChunkReader, key_text
 from producer.snapshot.watermarks import (
     SIGNAL_PREFIX,
@@ -31,6 +32,7 @@ from producer.snapshot.watermarks import (
     Outcome,
     Window,
     parse_watermark,
+    rows_to_drop,
 )
 from schemas.row_encoder import copy_encoder
 from schemas.snapshot_state import DONE, PENDING, RUNNING, TableState, requested
@@ -47,8 +49,11 @@ class SnapshotSink(Protocol):
     def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
         """The table's TableRoute, built from the catalog if the stream has not named it."""
 
-    def emit_read(self, route: Any, row: bytes, key: bytes | None, last: bool, lsn: int) -> None:
-        """One ``r`` event inside the current transaction."""
+    def emit_reads(
+        self, route: Any, rows: Sequence[tuple[bytes, bytes | None]], last: bool, lsn: int
+    ) -> None:
+        """``r`` events (row body, key body) inside the current transaction, in order; with
+        ``last``, the final one is the table's last."""
 
     def has_route(self, oid: int) -> bool:
         """Whether the table has published anything (or been described) in this run."""
@@ -112,6 +117,7 @@ class SnapshotCoordinator:
         self.window: Window | None = None  # the chunk in flight (checked per streamed event)
         self._reader: ChunkReader | None = None
         self._published_in_tx: tuple[Window, int, int] | None = None  # window, rows, lsn
+        self._watermark_in_tx = False  # the open transaction is one of our watermarks'
         self._unconfirmed: list[tuple[int, TableState]] = []  # (commit_lsn, state to write)
         self._next_progress_log = 0.0
         self._next_table_check = 0.0
@@ -234,6 +240,7 @@ class SnapshotCoordinator:
     def on_message(self, prefix: str, content: bytes, lsn: int, in_tx: bool) -> bool:
         """A logical decoding message; True when it was ours (never published)."""
         if prefix == WATERMARK_PREFIX:
+            self._watermark_in_tx = in_tx
             parsed = parse_watermark(content)
             head = self.window
             if parsed is None or head is None:
@@ -329,6 +336,10 @@ class SnapshotCoordinator:
         """The window's high watermark is handled: go on with the window read after it, or
         cancel the rest of its chain (the next window then starts from the resume state)."""
         window.lines = []
+        if window.spool is not None:
+            window.spool.close()
+            window.spool = None
+        window.images = []
         window.prev = None
         nxt = window.ahead
         window.taken.set()
@@ -350,42 +361,61 @@ class SnapshotCoordinator:
         # raises the precise error where the twin gives up).
         fast = copy_encoder(codec.encode_row if codec.encode_key is None else encode, fields)
         keyed = route.shape.keyed
-        kept: list[tuple[bytes, bytes | None]] = []
         changed = window.changed
-        dropped = 0
+        toast = window.toast
+        # A table without a key: whole rows, as many of each as the streamed changes say.
+        drop: Counter[bytes] | None = None
+        batches: Iterable[list[bytes]] = (window.lines,)
+        if window.spool is not None:
+            assert window.read_snapshot is not None  # set with the spool
+            drop = rows_to_drop(window.images, window.read_snapshot)
+            batches = spooled_batches(window.spool)
+        emit = self._sink.emit_reads
+        dropped = kept = 0
         reread: list[bytes] = []
-        for line in window.lines:
-            encoded = fast(line) if fast is not None else None
-            if encoded is None:
-                row, _toast, key = encode(tuple_data(line, ncols), lsn)
-            else:
-                row, key = encoded
-            match = key if keyed else row
-            if match in changed:
-                dropped += 1
-                if not keyed:
-                    changed.discard(match)  # one streamed insert matches one read row
-                elif match in window.toast:
-                    reread.append(line)
-                continue
-            kept.append((row, key))
+        # Published a batch at a time (a chunk, or a spooled batch), the last one after the
+        # loop: the table's last row says "last".
+        out: list[tuple[bytes, bytes | None]] = []
+        for lines in batches:
+            if out:
+                emit(route, out, False, lsn)
+                out = []
+            keep = out.append
+            for line in lines:
+                encoded = fast(line) if fast is not None else None
+                if encoded is None:
+                    row, _toast, key = encode(tuple_data(line, ncols), lsn)
+                    encoded = row, key
+                else:
+                    row, key = encoded
+                if drop is not None:
+                    if drop[row]:  # (a Counter: 0 for a row no change matched)
+                        drop[row] -= 1
+                        dropped += 1
+                        continue
+                elif (key if keyed else row) in changed:
+                    dropped += 1
+                    if not keyed:
+                        changed.discard(row)  # one streamed change matches one read row
+                    elif key in toast:
+                        reread.append(line)
+                    continue
+                keep(encoded)
+            kept += len(out)
+        emit(route, out, not window.more and window.keys is None, lsn)
         keys = [key_text(window.table, line) for line in reread]
         if keys:
             log.info(
                 "snapshot rows read again (changed with an unchanged TOAST value)",
                 extra={"table": window.table.collection, "rows": len(keys)},
             )
-        final = not window.more and window.keys is None
-        last_at = len(kept) - 1 if final else -1
-        for i, (row, key) in enumerate(kept):
-            self._sink.emit_read(route, row, key, i == last_at, lsn)
         progress = self._progress.get(window.table.collection)
         if progress is not None:  # none for rows read again after the table's snapshot ended
-            progress.rows += len(kept)
+            progress.rows += kept
             progress.dropped += dropped
-        self._metrics.snapshot_rows.labels(window.table.collection).inc(len(kept))
+        self._metrics.snapshot_rows.labels(window.table.collection).inc(kept)
         self._metrics.snapshot_rows_dropped.labels(window.table.collection).inc(dropped)
-        return len(kept), keys
+        return kept, keys
 
     def _advance(self, window: Window, rows: int) -> None:
         name = window.table.collection
@@ -408,8 +438,13 @@ class SnapshotCoordinator:
         self._pending_state = state
 
     def on_commit(self, commit_lsn: int) -> None:
-        """The transaction that carried a high watermark committed: its state record waits
-        until Kafka has acknowledged the transaction."""
+        """A transaction committed. Not a watermark's: changes are streaming (chunks keep to
+        the time budget). One that carried a high watermark: its state record waits until
+        Kafka has acknowledged the transaction."""
+        if self._watermark_in_tx:
+            self._watermark_in_tx = False
+        else:
+            self._sizer.streamed()
         if self._published_in_tx is not None and self._pending_state is not None:
             self._unconfirmed.append((commit_lsn, self._pending_state))
             self._published_in_tx = None

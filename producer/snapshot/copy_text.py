@@ -12,7 +12,8 @@ the input of the table's encoders.
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Iterator
+from typing import BinaryIO, Final
 
 from producer.pgoutput.tuples import TupleData, Value
 
@@ -75,3 +76,23 @@ def split_lines(data: bytes) -> list[bytes]:
     if not data.endswith(b"\n"):
         raise CopyFormatError("COPY output does not end with a newline")
     return data[:-1].split(b"\n")
+
+
+def spooled_batches(spool: BinaryIO, block_size: int = 4 * 1024 * 1024) -> Iterator[list[bytes]]:
+    """The rows of COPY text output spooled to a file, from its start, in batches of less
+    than two ``block_size`` blocks (a row longer than a block: its own batch): memory stays
+    bounded whatever the file's size."""
+    spool.seek(0)
+    pending: list[bytes] = []  # the start of a row not ended yet (a long row: several blocks)
+    while True:
+        block = spool.read(block_size)
+        if not block:
+            break
+        end = block.rfind(b"\n") + 1
+        if not end:
+            pending.append(block)
+            continue
+        yield split_lines(b"".join((*pending, block[:end])))
+        pending = [block[end:]] if end < len(block) else []
+    if pending:
+        raise CopyFormatError("COPY output does not end with a newline")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import tempfile
 import threading
 import time
 from typing import Any
@@ -21,6 +22,7 @@ from producer.snapshot.watermarks import (
     WATERMARK_PREFIX,
     ChunkSizer,
     Mark,
+    ReadSnapshot,
     Window,
     watermark_content,
 )
@@ -135,13 +137,24 @@ class ChunkReader:
 
     def _read(self, window: Window) -> None:
         conn = self._connection()
-        table = window.table
         self._emit(window, Mark.LOW)
+        if window.whole:
+            self._read_whole(conn, window)
+        else:
+            self._read_chunk(conn, window)
+        # Linked before the high watermark: the pipeline moves on to it when it gets there.
+        window.ahead = window.follow(self._sizer)
+        # Ready before the high watermark is committed: the stream can't reach it earlier.
+        window.ready.set()
+        self._emit(window, Mark.HIGH)
+
+    def _read_chunk(self, conn: psycopg.Connection[Any], window: Window) -> None:
+        table = window.table
         if window.keys is not None:
             query = keys_copy(
                 table.schema, table.name, table.column_names, table.chunk_key, window.keys
             )
-        elif table.chunk_key:
+        else:
             query = chunk_copy(
                 table.schema,
                 table.name,
@@ -150,8 +163,6 @@ class ChunkReader:
                 window.cursor,
                 window.limit + 1,  # one more: is there anything after this chunk?
             )
-        else:
-            query = whole_copy(table.schema, table.name, table.column_names)
         blocks: list[bytes] = []
         with conn.cursor() as cur, cur.copy(query) as copy:
             for block in copy:
@@ -163,13 +174,32 @@ class ChunkReader:
             lines.pop()
         window.lines = lines
         window.bytes_read = len(data)
-        if lines and table.chunk_key and window.keys is None:
+        if lines and window.keys is None:
             window.cursor_after = key_text(table, lines[-1])
-        # Linked before the high watermark: the pipeline moves on to it when it gets there.
-        window.ahead = window.follow(self._sizer)
-        # Ready before the high watermark is committed: the stream can't reach it earlier.
-        window.ready.set()
-        self._emit(window, Mark.HIGH)
+
+    def _read_whole(self, conn: psycopg.Connection[Any], window: Window) -> None:
+        """A table without a key, in one COPY: its rows go to a temporary file as they come
+        (the pipeline publishes them from there in bounded batches), and the read's snapshot
+        is kept, which tells the streamed changes it saw from those it did not."""
+        table = window.table
+        spool = tempfile.TemporaryFile(prefix="walbridge-snapshot-")  # noqa: SIM115 (the window owns it)
+        try:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            with conn.transaction(), conn.cursor() as cur:
+                # The first statement takes the transaction's snapshot; the COPY reads in it.
+                row = cur.execute("SELECT pg_current_snapshot()::text").fetchone()
+                assert row is not None
+                snapshot = ReadSnapshot.parse(row[0])
+                with cur.copy(whole_copy(table.schema, table.name, table.column_names)) as copy:
+                    for block in copy:
+                        spool.write(block)
+            window.bytes_read = spool.tell()
+            spool.flush()
+        except BaseException:
+            spool.close()
+            raise
+        window.read_snapshot = snapshot
+        window.spool = spool
 
 
 def key_text(table: SnapshotTable, line: bytes) -> tuple[str, ...]:

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final
+from typing import BinaryIO, Final
 
 from producer.snapshot.catalog import SnapshotTable
 
@@ -63,20 +66,33 @@ class Outcome(Enum):
 
 class ChunkSizer:
     """Rows per chunk: at most ``rows``, about ``max_bytes`` at the average row size the last
-    chunk showed (TOASTed rows make smaller chunks), and about ``budget_s`` of publishing at
-    the rate the last chunks were published: the stream waits while the pipeline's thread
-    publishes a chunk at its high watermark, so this bounds what a snapshot adds to streaming
-    latency, whatever the machine's speed or load. Until a rate is measured, chunks start at
-    ``FIRST_ROWS``. Shared with the reader thread (which sizes the windows it reads ahead):
-    plain attribute writes, atomic in CPython."""
+    chunk showed (TOASTed rows make smaller chunks), and, while changes stream, about
+    ``budget_s`` of publishing at the rate the last chunks were published: the stream waits
+    while the pipeline's thread publishes a chunk at its high watermark, so this bounds what a
+    snapshot adds to streaming latency, whatever the machine's speed or load. Until a rate is
+    measured, chunks start at ``FIRST_ROWS``. While nothing but the snapshot's own watermarks
+    streamed for ``IDLE_S`` there is no latency to protect, and the budget is not applied:
+    bigger chunks spread each chunk's fixed cost (two watermark commits, a stream round trip)
+    over more rows; the first change after a quiet spell waits for at most one such chunk.
+    Shared with the reader thread (which sizes the windows it reads ahead): plain attribute
+    writes, atomic in CPython."""
 
     FIRST_ROWS: Final = 1000
+    IDLE_S: Final = 1.0
 
-    def __init__(self, rows: int, max_bytes: int, budget_s: float) -> None:
+    def __init__(
+        self,
+        rows: int,
+        max_bytes: int,
+        budget_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.rows = rows
         self.max_bytes = max_bytes
         self.budget_s = budget_s
         self.rows_per_s: float | None = None
+        self._clock = clock
+        self.streamed_at = clock()  # until shown otherwise, changes may be flowing
 
     def published(self, rows: int, seconds: float) -> None:
         """A chunk of ``rows`` read rows took ``seconds`` to publish."""
@@ -86,13 +102,88 @@ class ChunkSizer:
         previous = self.rows_per_s
         self.rows_per_s = rate if previous is None else (previous + rate) / 2
 
+    def streamed(self) -> None:
+        """A transaction other than a watermark's went through the stream."""
+        self.streamed_at = self._clock()
+
     def limit(self, bytes_per_row: float | None) -> int:
         n = self.rows
         if bytes_per_row:
             n = min(n, int(self.max_bytes / bytes_per_row))
-        rate = self.rows_per_s
-        n = min(n, self.FIRST_ROWS if rate is None else int(rate * self.budget_s))
+        if self._clock() - self.streamed_at < self.IDLE_S:
+            rate = self.rows_per_s
+            n = min(n, self.FIRST_ROWS if rate is None else int(rate * self.budget_s))
         return max(1, n)
+
+
+@dataclass(frozen=True)
+class ReadSnapshot:
+    """Which transactions a read saw: its ``pg_current_snapshot()`` (64-bit xids) told apart
+    from a streamed transaction's 32-bit xid. A table without a key can't match read rows to
+    changes by key, so each change streamed inside the window counts against the rows read
+    only if the read saw it (an insert it saw is in the rows: one equal row is dropped) or
+    did not (a delete it did not see left the row in them: one equal row is dropped)."""
+
+    xmin: int
+    xmax: int
+    running: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str) -> ReadSnapshot:
+        """``xmin:xmax:xip,...`` (pg_snapshot's text form)."""
+        xmin, xmax, xip = text.split(":")
+        return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
+
+    def saw(self, xid: int) -> bool:
+        """Whether the read saw the committed transaction ``xid`` (32 bits, as pgoutput sends
+        it): widened to the 64-bit xid nearest to ``xmax`` (streamed transactions in a window
+        are far less than 2**31 transactions away from the read)."""
+        full = (self.xmax & ~0xFFFFFFFF) | (xid & 0xFFFFFFFF)
+        if full > self.xmax + 0x80000000:
+            full -= 1 << 32
+        elif full < self.xmax - 0x80000000:
+            full += 1 << 32
+        return full < self.xmin or (full < self.xmax and full not in self.running)
+
+
+@dataclass(frozen=True)
+class ImageChange:
+    """A change of a table without a key streamed inside its window: the transaction and the
+    whole row images (Avro row bodies; None where the change has none)."""
+
+    xid: int
+    before: bytes | None
+    after: bytes | None
+
+
+def rows_to_drop(changes: Iterable[ImageChange], read: ReadSnapshot) -> Counter[bytes]:
+    """How many read rows equal to each image to drop, so that a reader ends with the table's
+    rows (duplicates included) after the window's ``t`` event, its streamed changes (in
+    stream order; a delete removes one equal row the reader holds, if any) and the rows
+    published at the high watermark.
+
+    At the high watermark the table holds the rows read, plus the inserts the read did not
+    see, minus the deletes it did not see (an update is a delete of its old row and an
+    insert of its new one). The reader holds what the streamed changes left (``left``: an
+    insert adds a row, a delete removes one only if an earlier streamed insert brought it).
+    So the rows to publish are the rows read minus ``left - unseen inserts + unseen
+    deletes``: with only inserts, one read row dropped per insert the read saw, none for an
+    insert it did not see (an equal row that existed before stays)."""
+    left: Counter[bytes] = Counter()
+    drop: Counter[bytes] = Counter()
+    for change in changes:
+        seen = read.saw(change.xid)
+        if change.before is not None:
+            if left[change.before] > 0:
+                left[change.before] -= 1
+            if not seen:
+                drop[change.before] += 1
+        if change.after is not None:
+            left[change.after] += 1
+            if not seen:
+                drop[change.after] -= 1
+    drop.update(left)
+    return +drop  # the positive counts only
 
 
 @dataclass(eq=False)
@@ -121,6 +212,11 @@ class Window:
     # streamed change lacks it, so instead of dropping the row it is read again afterwards.
     toast: set[bytes] = field(default_factory=set)
     keys: list[tuple[str, ...]] | None = None  # read these rows again (not a range)
+    # A table without a key: its rows are spooled to this file (not held in ``lines``), the
+    # read's snapshot says which streamed changes it saw, and ``images`` holds those changes.
+    spool: BinaryIO | None = None
+    read_snapshot: ReadSnapshot | None = None
+    images: list[ImageChange] = field(default_factory=list)
     truncated: bool = False
     reshaped: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
@@ -139,6 +235,16 @@ class Window:
             if unchanged_toast:
                 w.toast.add(key)
             w = w.ahead
+
+    @property
+    def whole(self) -> bool:
+        """A table without a key, read whole (its changes are matched by whole row)."""
+        return not self.table.chunk_key and self.keys is None
+
+    def saw_image(self, xid: int, before: bytes | None, after: bytes | None) -> None:
+        """A change of a table without a key, after the low watermark (its whole rows)."""
+        if self.opened:
+            self.images.append(ImageChange(xid, before, after))
 
     def chained(self) -> list[Window]:
         """This window and those linked after it."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -71,11 +72,16 @@ def _rss_kb(pid: int) -> int:
     return int(match.group(1)) if match else 0
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_snapshot(
     env: dict[str, str], schema: str, publication: str, profile: str | None = None
-) -> tuple[float, float, int]:
+) -> tuple[float, float, int, float]:
     """(seconds from start to exit, seconds from "snapshot started" to "snapshot done", peak
-    RSS kB sampled every 50 ms)."""
+    RSS kB sampled every 50 ms, CPU seconds of the producer process)."""
     tag = uuid.uuid4().hex[:8]
     slot = f"benchs_{tag}"
     child_env = (
@@ -91,6 +97,7 @@ def run_snapshot(
         }
     )
     log = Path(f"/tmp/bench_snapshot_{tag}.log")
+    cpu_before = _children_cpu_s()
     began = time.perf_counter()
     with log.open("wb") as out:
         command = [sys.executable, "-m", "producer", "run"]
@@ -118,6 +125,7 @@ def run_snapshot(
             peak = max(peak, _rss_kb(proc.pid))
             time.sleep(0.05)
     seconds = time.perf_counter() - began
+    cpu_s = _children_cpu_s() - cpu_before  # waited for by poll(): counted in RUSAGE_CHILDREN
     try:
         if proc.returncode != 0:
             sys.exit(f"producer exited {proc.returncode}; see {log}")
@@ -130,7 +138,7 @@ def run_snapshot(
             )
         ]
         snapshot_s = stamps[-1] - stamps[0] if len(stamps) >= 2 else seconds
-        return seconds, snapshot_s, peak
+        return seconds, snapshot_s, peak, cpu_s
     finally:
         with psycopg.connect(env["WALBRIDGE_PG_DSN"], autocommit=True) as db:
             db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
@@ -155,19 +163,34 @@ def main() -> None:
             generate(db, schema, args.rows, 100_000)
             db.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "rows")))
             print(f"generated {args.rows:,} rows in {time.perf_counter() - began:.1f}s")
-            copy_s = time_copy(dsn, schema)
-            print(f"COPY to nowhere:          {copy_s:7.1f}s  {args.rows / copy_s:>10,.0f} rows/s")
-            total_s, snap_s, peak_kb = run_snapshot(env, schema, f"{schema}_pub", args.profile)
+            # COPY before and after the snapshot: the machine may be shared, so the baseline
+            # is the mean of the two around it (both printed).
+            copy_before = time_copy(dsn, schema)
+            print(
+                f"COPY to nowhere (before): {copy_before:7.1f}s  {args.rows / copy_before:>10,.0f} rows/s"
+            )
+            load = os.getloadavg()[0]
+            total_s, snap_s, peak_kb, cpu_s = run_snapshot(
+                env, schema, f"{schema}_pub", args.profile
+            )
             print(
                 f"snapshot into Kafka:      {snap_s:7.1f}s  {args.rows / snap_s:>10,.0f} rows/s"
-                f"  (process start to exit {total_s:.1f}s)"
+                f"  (process start to exit {total_s:.1f}s; producer CPU {cpu_s:.1f}s,"
+                f" {cpu_s / args.rows * 1e6:.1f} us/row)"
             )
-            _, _, idle_kb = run_snapshot(env, empty, f"{empty}_pub")
+            copy_after = time_copy(dsn, schema)
+            print(
+                f"COPY to nowhere (after):  {copy_after:7.1f}s  {args.rows / copy_after:>10,.0f} rows/s"
+            )
+            load = (load + os.getloadavg()[0]) / 2
+            copy_s = (copy_before + copy_after) / 2
+            _, _, idle_kb, _ = run_snapshot(env, empty, f"{empty}_pub")
             print(f"ratio rows/s snapshot/COPY: {copy_s / snap_s:.2f} (target >= 0.6)")
             print(
                 f"peak RSS: {peak_kb / 1024:.0f} MB snapshotting, {idle_kb / 1024:.0f} MB idle;"
                 f" ratio {peak_kb / idle_kb:.2f} (target < 2)"
             )
+            print(f"load average (1 min) around the snapshot: {load:.1f} on {os.cpu_count()} CPUs")
         finally:
             for s in (schema, empty):
                 db.execute(

@@ -6,6 +6,7 @@ log line naming it, not a KeyError."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any, ClassVar
 from unittest.mock import MagicMock
@@ -55,8 +56,10 @@ class FakeSink:
     def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
         return SimpleNamespace(shape=SimpleNamespace(codec=CODEC, keyed=True))
 
-    def emit_read(self, route: Any, row: bytes, key: bytes | None, last: bool, lsn: int) -> None:
-        self.reads.append(row)
+    def emit_reads(
+        self, route: Any, rows: Sequence[tuple[bytes, bytes | None]], last: bool, lsn: int
+    ) -> None:
+        self.reads.extend(row for row, _key in rows)
 
     def has_route(self, oid: int) -> bool:
         return True

@@ -3,19 +3,32 @@ the resume records."""
 
 from __future__ import annotations
 
+import io
+from collections import Counter
+
 import psycopg
 import pytest
 
 from producer.pgoutput import Column, Value
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
-from producer.snapshot.copy_text import CopyFormatError, fields, split_lines, tuple_data, unescape
+from producer.snapshot.copy_text import (
+    CopyFormatError,
+    fields,
+    split_lines,
+    spooled_batches,
+    tuple_data,
+    unescape,
+)
 from producer.snapshot.watermarks import (
     ChunkSizer,
+    ImageChange,
     Mark,
     Outcome,
+    ReadSnapshot,
     Window,
     parse_watermark,
+    rows_to_drop,
     watermark_content,
 )
 from schemas.snapshot_state import DONE, RUNNING, TableState, follow, requested
@@ -121,7 +134,7 @@ def test_a_window_read_ahead_follows_its_chunk_and_sees_changes_once_open() -> N
 
 
 def test_chunks_are_rows_bytes_and_a_time_budget_at_the_measured_rate() -> None:
-    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05)
+    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05, clock=lambda: 0.0)
     assert sizer.limit(None) == ChunkSizer.FIRST_ROWS  # no rate measured yet
     sizer.published(50, 1.0)  # too small to time
     assert sizer.rows_per_s is None
@@ -133,6 +146,20 @@ def test_chunks_are_rows_bytes_and_a_time_budget_at_the_measured_rate() -> None:
     assert sizer.limit(None) == 20_000  # never more than the rows setting
     assert sizer.limit(1 << 20) == 64  # about max_bytes (64 MiB) at that row size (1 MiB)
     assert ChunkSizer(10, 10, 1.0).limit(100.0) == 1
+
+
+def test_chunks_ignore_the_time_budget_while_only_the_snapshot_streams() -> None:
+    now = [0.0]
+    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05, clock=lambda: now[0])
+    sizer.published(1000, 0.1)  # 10k rows/s: 500 rows in 50 ms
+    assert sizer.limit(None) == 500  # changes may be streaming (none seen yet, but recently up)
+    now[0] = ChunkSizer.IDLE_S + 0.1
+    assert sizer.limit(None) == 20_000  # quiet: only rows and bytes bound the chunk
+    assert sizer.limit(1 << 20) == 64
+    sizer.streamed()  # a change: back to the budget
+    assert sizer.limit(None) == 500
+    now[0] += ChunkSizer.IDLE_S
+    assert sizer.limit(None) == 20_000
 
 
 def test_state_records_round_trip_and_advance() -> None:
@@ -154,3 +181,68 @@ def test_the_consumer_follows_unfinished_snapshots_from_the_records() -> None:
     done = a.advanced(("9",), 10, done=True)
     later = [(b"public.a", done.encode()), (b"public.old", None)]  # done; a tombstone
     assert follow(frozenset({"public.old", "public.a", "public.b"}), later) == {"public.b"}
+
+
+def test_spooled_rows_come_back_in_bounded_batches() -> None:
+    rows = [b"%d\tx" % i for i in range(1000)] + [b"long\t" + b"y" * 100]
+    spool = io.BytesIO(b"".join(r + b"\n" for r in rows))
+    batches = list(spooled_batches(spool, block_size=64))
+    assert [r for b in batches for r in b] == rows
+    # A batch is what one 64-byte block ended (and the row the block before began), except
+    # the long row's (several blocks).
+    assert len(batches) > 90  # 6.9 kB of rows
+    assert max(len(b"\n".join(b)) for b in batches[:-1]) < 2 * 64
+    assert batches[-1] == [rows[-1]]
+    assert list(spooled_batches(io.BytesIO(b""))) == []
+    with pytest.raises(CopyFormatError, match="newline"):
+        list(spooled_batches(io.BytesIO(b"1\tx\n2\ty"), block_size=4))
+
+
+def test_read_snapshot_tells_seen_transactions_across_xid_epochs() -> None:
+    read = ReadSnapshot.parse("100:110:103,105")
+    assert read.saw(99) and read.saw(104) and read.saw(109)
+    assert not read.saw(103) and not read.saw(105) and not read.saw(110) and not read.saw(200)
+    # 64-bit xids in the snapshot, 32-bit ones in the stream (epoch 1 here).
+    epoch = 1 << 32
+    read = ReadSnapshot.parse(f"{epoch + 5}:{epoch + 8}:{epoch + 6}")
+    assert read.saw(4) and read.saw(7) and not read.saw(6) and not read.saw(8)
+    assert read.saw(0xFFFFFFF0)  # the previous epoch's, just before the wrap
+    assert ReadSnapshot.parse("3:3:").running == frozenset()
+
+
+def test_rows_of_a_table_without_a_key_are_dropped_once_per_matching_change() -> None:
+    read = ReadSnapshot.parse("100:110:105")  # saw 104, not 105 nor 110
+    seen, unseen = 104, 110
+    dup, other = b"dup", b"other"
+    # Two equal rows in the table, one equal insert inside the window: if the read saw it, the
+    # read has three and the streamed insert is one of them: drop exactly one.
+    assert rows_to_drop([ImageChange(seen, None, dup)], read) == Counter({dup: 1})
+    # If the read did not see it, the read has the two that were there: drop none.
+    assert rows_to_drop([ImageChange(unseen, None, dup)], read) == Counter()
+    assert rows_to_drop([ImageChange(105, None, dup)], read) == Counter()  # running then
+    # Two seen inserts of the same row: two dropped.
+    assert rows_to_drop([ImageChange(seen, None, dup)] * 2, read) == Counter({dup: 2})
+    # A delete the read did not see: the read still has the row; the reader's delete found
+    # nothing to delete (it dropped everything at the window's truncate): drop one.
+    assert rows_to_drop([ImageChange(unseen, dup, None)], read) == Counter({dup: 1})
+    assert rows_to_drop([ImageChange(seen, dup, None)], read) == Counter()
+    # Inserted (seen) then deleted (unseen) in the window: the reader's delete took the
+    # streamed row; the read holds it: drop one, not two (an equal row from before stays).
+    assert rows_to_drop([ImageChange(seen, None, dup), ImageChange(unseen, dup, None)], read) == (
+        Counter({dup: 1})
+    )
+    # An update the read did not see: its old row is in the read, its new one streamed.
+    assert rows_to_drop([ImageChange(unseen, dup, other)], read) == Counter({dup: 1})
+    # One it saw: the new row is in the read and streamed; the old one is gone from both.
+    assert rows_to_drop([ImageChange(seen, dup, other)], read) == Counter({other: 1})
+
+
+def test_a_window_of_a_table_without_a_key_records_whole_rows_once_open() -> None:
+    keyless = SnapshotTable(1, "public", "k", "d", (Column(0, "v", 23, -1, False),), ())
+    w = Window(table=keyless, cursor=None, limit=2**62)
+    assert w.whole
+    w.saw_image(7, None, b"early")  # before the low watermark: not this window's
+    w.opened = True
+    w.saw_image(8, None, b"row")
+    assert w.images == [ImageChange(8, None, b"row")]
+    assert not Window(table=_table(), cursor=None, limit=10).whole
