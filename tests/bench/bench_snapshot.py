@@ -13,6 +13,12 @@ its time is rows into Kafka, acknowledged. Baselines, in the same run:
 - rows/s: ``COPY (SELECT * FROM table) TO STDOUT`` read to nowhere through psycopg (what
   PostgreSQL and the client library need to hand the rows over at all); target ratio >= 0.6;
 - memory: the same producer command on an empty table (its idle peak RSS); target ratio < 2.
+
+The COPY baseline is timed before and after the snapshot and averaged (the machine may be
+shared); the producer's CPU time per row and the load average are printed with the figures.
+``--keyless`` drops the primary key: the table is then read whole in one COPY, spooled to a
+temporary file and published from there in bounded batches (its RSS is the figure to watch).
+With ``--profile`` the producer runs under py-spy (its RSS figure is then py-spy's).
 """
 
 from __future__ import annotations
@@ -37,16 +43,18 @@ from bench_replication import generate
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def create_table(db: psycopg.Connection, schema: str, publication: str) -> None:
+def create_table(
+    db: psycopg.Connection, schema: str, publication: str, keyless: bool = False
+) -> None:
     table = sql.Identifier(schema, "rows")
     mood = sql.Identifier(schema, "mood")
     db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     db.execute(sql.SQL("CREATE TYPE {} AS ENUM ('sad', 'ok', 'happy')").format(mood))
     db.execute(
         sql.SQL(
-            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, price numeric(12,2),"
+            "CREATE TABLE {} (id int8 {}, name text, price numeric(12,2),"
             " created timestamptz, doc jsonb, active bool, tags text[], mood {})"
-        ).format(table, mood)
+        ).format(table, sql.SQL("" if keyless else "PRIMARY KEY"), mood)
     )
     db.execute(
         sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(publication), table)
@@ -150,6 +158,11 @@ def main() -> None:
     parser.add_argument(
         "--profile", metavar="FILE", help="record the snapshot with py-spy (collapsed stacks)"
     )
+    parser.add_argument(
+        "--keyless",
+        action="store_true",
+        help="the table without a primary key (read whole, spooled to disk, published in batches)",
+    )
     args = parser.parse_args()
     env = stack_env()
     dsn = env["WALBRIDGE_PG_DSN"]
@@ -157,8 +170,8 @@ def main() -> None:
     schema, empty = f"benchs_{tag}", f"benchs_empty_{tag}"
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
-            create_table(db, schema, f"{schema}_pub")
-            create_table(db, empty, f"{empty}_pub")
+            create_table(db, schema, f"{schema}_pub", args.keyless)
+            create_table(db, empty, f"{empty}_pub", args.keyless)
             began = time.perf_counter()
             generate(db, schema, args.rows, 100_000)
             db.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "rows")))
