@@ -219,3 +219,21 @@ def test_encode_image_lsn_around_the_inlined_range(lsn: int) -> None:
         fast = new_writer().encode_image(op, b"row", tx, lsn, 5, 1, 1, [])
         assert fast == new_writer().encode(*image_args(op, b"row", tx, lsn, 5, 1, 1, []))
         assert long_bytes(lsn) in fast
+
+
+@given(
+    IMAGE_OPS, st.binary(max_size=40), st.integers(0, 2**32 - 1), st.integers(0, 2**63 - 1),
+    st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1), st.integers(-(2**62), 2**62),
+    st.integers(1, 2**40), st.integers(1, 2**40),
+)  # fmt: skip
+def test_image_parts_around_a_row_and_its_orders_are_encode_image(
+    op: str, row: bytes, xid: int, commit_lsn: int, commit_ts: int, lsn: int, ts: int,
+    total: int, dco: int,
+) -> None:  # fmt: skip
+    """The snapshot's run of rows (EventEmitter.emit_reads) joins these parts per row."""
+    tx = TransactionBytes(xid, commit_lsn, commit_ts, f"{xid}:{commit_lsn}")
+    writer = new_writer()
+    lead, middle, tail = writer.image_parts(op, tx, lsn, ts)
+    joined = lead + row + middle + long_bytes(total) + long_bytes(dco) + tail
+    assert joined == new_writer().encode_image(op, row, tx, lsn, ts, total, dco, [])
+    assert joined == writer.encode_image(op, row, tx, lsn, ts, total, dco, [])  # caches agree
