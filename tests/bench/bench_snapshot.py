@@ -165,6 +165,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     env = stack_env()
+    if args.keyless:
+        # The whole table is one high watermark's transaction, under exactly-once one Kafka
+        # transaction: allow the broker's default maximum (transaction.max.timeout.ms).
+        env["WALBRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"] = "900000"
     dsn = env["WALBRIDGE_PG_DSN"]
     tag = uuid.uuid4().hex[:8]
     schema, empty = f"benchs_{tag}", f"benchs_empty_{tag}"
