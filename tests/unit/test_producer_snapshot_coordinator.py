@@ -171,3 +171,24 @@ def test_a_table_that_left_the_publication_drops_its_rereads_with_a_log_line(
     )
     assert not coord.active and coord.window is None
     assert sink.states[-1].complete  # its record no longer says snapshotting
+
+
+def test_transactions_other_than_watermarks_tell_the_sizer_changes_stream(
+    published: set[str],
+) -> None:
+    sink = FakeSink()
+    coord = _coordinator(sink)
+    streamed: list[int] = []
+    coord._sizer.streamed = lambda: streamed.append(1)  # type: ignore[method-assign]
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    window = FakeReader.windows[-1]
+    low = watermark_content(window.id, Mark.LOW).encode()
+    coord.on_message(WATERMARK_PREFIX, low, 10, True)
+    coord.on_commit(10)  # the watermark's own transaction
+    assert streamed == []
+    coord.on_commit(20)  # somebody else's
+    assert streamed == [1]
+    coord.on_message(WATERMARK_PREFIX, b"not ours", 30, True)  # a previous run's watermark
+    coord.on_commit(30)
+    assert streamed == [1]
