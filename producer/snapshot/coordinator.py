@@ -252,6 +252,9 @@ class SnapshotCoordinator:
             if parsed[1] is Mark.LOW:
                 window.opened = True
                 if not window.table.chunk_key and in_tx and self._may_hold_rows(window.table):
+                    # Readers drop what they hold at this truncate, streamed rows of a first
+                    # try of the window too (a retried read commits a second low watermark).
+                    window.images = []
                     route = self._sink.snapshot_route(window.table, lsn)
                     self._sink.emit_snapshot_truncate(route, lsn)
             elif in_tx:

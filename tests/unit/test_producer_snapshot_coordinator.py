@@ -192,3 +192,36 @@ def test_transactions_other_than_watermarks_tell_the_sizer_changes_stream(
     coord.on_message(WATERMARK_PREFIX, b"not ours", 30, True)  # a previous run's watermark
     coord.on_commit(30)
     assert streamed == [1]
+
+
+def test_a_second_low_watermark_of_a_keyless_window_forgets_rows_its_truncate_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read retried after a lost connection commits its low watermark again; the truncate it
+    brings (the table may hold rows) drops the rows streamed after the first one from readers,
+    so they must not count against the rows read any more."""
+    keyless = SnapshotTable(16385, "public", "k", "d", (Column(0, "v", 23, -1, False),), ())
+    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n: keyless)
+    monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 3)
+    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    FakeReader.windows = []
+
+    class Sink(FakeSink):
+        truncates = 0
+
+        def emit_snapshot_truncate(self, route: Any, lsn: int) -> None:
+            self.truncates += 1
+
+    sink = Sink()
+    coord = _coordinator(sink)
+    coord.start({}, ["public.k"], [])
+    coord._enqueue("public.k")
+    coord.tick()
+    window = FakeReader.windows[-1]
+    assert window.whole
+    low = watermark_content(window.id, Mark.LOW).encode()
+    coord.on_message(WATERMARK_PREFIX, low, 10, True)
+    window.saw_image(5, None, b"\x02\x02")
+    coord.on_message(WATERMARK_PREFIX, low, 20, True)  # the retry's
+    assert sink.truncates == 2
+    assert window.images == []
