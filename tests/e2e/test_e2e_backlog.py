@@ -11,10 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from tests.e2e.harness import pipeline
+from tests.support.lake_reader import progress_rows, table_sum
 from tests.support.producer_harness import sql
 from tests.support.spark import spark  # noqa: F401
 
@@ -22,18 +22,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.secure_stack]
 
 TRANSACTIONS = 2000
 ACCOUNTS = 400
-
-
-def balance_sum(path: str, version: int, column: str) -> int:
-    # Through delta-rs's query engine: its plain pyarrow reader refuses deletion vectors,
-    # which MERGEs into our tables write.
-    table = (
-        QueryBuilder()
-        .register("t", DeltaTable(path, version=version))
-        .execute(f"SELECT coalesce(sum({column}), 0) AS total FROM t")
-        .read_all()
-    )
-    return int(table.column("total")[0].as_py())
 
 
 def test_backlog_of_small_transactions_applies_in_capped_batches_keeping_the_invariant(
@@ -108,19 +96,15 @@ def test_backlog_of_small_transactions_applies_in_capped_batches_keeping_the_inv
                 for t in (accounts, tellers, branches, history)
             }
             checked = 0
-            for row in (
-                DeltaTable(str(tmp_path / "lake" / "_walbridge" / "progress"))
-                .to_pyarrow_table()
-                .to_pylist()
-            ):
-                versions = dict(row["table_versions"])
+            for row in progress_rows(str(tmp_path / "lake")):
+                versions = row["table_versions"]
                 if history not in versions:
                     continue  # nothing applied to every table yet (the first batch may cut)
                 sums = {
-                    "accounts": balance_sum(paths[accounts], versions[accounts], "balance"),
-                    "tellers": balance_sum(paths[tellers], versions[tellers], "balance"),
-                    "branches": balance_sum(paths[branches], versions[branches], "balance"),
-                    "history": balance_sum(paths[history], versions[history], "delta"),
+                    "accounts": table_sum(paths[accounts], versions[accounts], "balance"),
+                    "tellers": table_sum(paths[tellers], versions[tellers], "balance"),
+                    "branches": table_sum(paths[branches], versions[branches], "balance"),
+                    "history": table_sum(paths[history], versions[history], "delta"),
                 }
                 assert len(set(sums.values())) == 1, (row["batch_id"], sums)
                 checked += 1

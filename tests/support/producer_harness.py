@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,8 +271,13 @@ class TopicReader:
     def read_to_end(self, topics: list[str], timeout: float = 300.0) -> list[Record]:
         """Every committed record of the topics up to their ends now (read_committed: the end
         is the last stable offset; offsets are not counts once transaction markers take some)."""
+        return list(self.each_to_end(topics, timeout))
+
+    def each_to_end(self, topics: list[str], timeout: float = 300.0) -> Iterator[Record]:
+        """read_to_end one record at a time (memory bounded by the caller, not the topics)."""
         consumer = Consumer(
             {
+                **self.kafka_config,
                 "bootstrap.servers": self.bootstrap,
                 "group.id": unique("reader"),
                 "enable.auto.commit": False,
@@ -288,7 +293,6 @@ class TopicReader:
             ]
             consumer.assign(partitions)
             waiting = {(tp.topic, tp.partition) for tp in partitions}
-            records: list[Record] = []
             while waiting:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{sorted(waiting)} not read to their end in {timeout}s")
@@ -299,8 +303,7 @@ class TopicReader:
                             waiting.discard((m.topic(), m.partition()))
                             continue
                         raise AssertionError(f"consume error: {err}")
-                    records.append(self._record(m))
-            return records
+                    yield self._record(m)
         finally:
             consumer.close()
 

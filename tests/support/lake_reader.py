@@ -1,0 +1,49 @@
+"""The lake through an independent reader, delta-rs (not the Spark/Delta that wrote it): the
+progress table's rows, and a column's sum in a table at a version. The e2e invariant tests and
+the torture run (deploy/local/torture) check every progress snapshot with these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+
+
+def table_sum(path: str, version: int, column: str) -> int:
+    """sum(column) of the table at ``version`` (0 when empty). Through delta-rs's query engine:
+    its plain pyarrow reader refuses deletion vectors, which MERGEs into our tables write."""
+    table = (
+        QueryBuilder()
+        .register("t", DeltaTable(path, version=version))
+        .execute(f'SELECT coalesce(sum("{column}"), 0) AS total FROM t')
+        .read_all()
+    )
+    return int(table.column("total")[0].as_py())
+
+
+def progress_rows(lake: str) -> list[dict[str, Any]]:
+    """Every row of `<lake>/_walbridge/progress`, by batch_id, ``table_versions`` as a dict."""
+    table = (
+        QueryBuilder()
+        .register("p", DeltaTable(f"{lake.rstrip('/')}/_walbridge/progress"))
+        .execute("SELECT batch_id, commit_lsn, table_versions FROM p ORDER BY batch_id")
+        .read_all()
+    )
+    rows = pa.table(table).to_pylist()  # delta-rs returns an arro3 table
+    for row in rows:
+        row["table_versions"] = dict(row["table_versions"] or {})
+    return rows
+
+
+def latest_commit_lsn(lake: str) -> int | None:
+    """The newest progress row's commit_lsn (None before the first batch)."""
+    try:
+        dt = DeltaTable(f"{lake.rstrip('/')}/_walbridge/progress")
+    except Exception:
+        return None
+    table = (
+        QueryBuilder().register("p", dt).execute("SELECT max(commit_lsn) AS m FROM p").read_all()
+    )
+    value = table.column("m")[0].as_py()
+    return None if value is None else int(value)
