@@ -634,7 +634,8 @@ class Run:
         self.kafka = conn["WALBRIDGE_KAFKA_BOOTSTRAP"]
         self.registry = conn["WALBRIDGE_SCHEMA_REGISTRY_URL"]
         name = unique(f"torture{options.seed}")
-        self.work = options.work_dir or (self.stack.home / "torture" / name)
+        # Absolute: the consumer fails on a relative lake path that starts with a dot.
+        self.work = (options.work_dir or (self.stack.home / "torture" / name)).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
         self.lake = self.work / "lake"
         self.workload = Workload(self.dsn, name, options.seed, options.workers, options.pause_s)
