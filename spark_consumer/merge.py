@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,10 @@ def _target_columns(table: DeltaTable, tc: TableChanges) -> list[str]:
 
 
 def _sql_path(path: str) -> str:
+    # Delta takes delta.`<p>` for a path only when <p> is absolute or has a scheme; a relative
+    # lake path (--lake-path lake) would parse as a table name and fail the batch.
+    if "://" not in path and not path.startswith("/"):
+        path = os.path.abspath(path)
     return "delta.`" + path.replace("`", "``") + "`"
 
 
