@@ -1,103 +1,125 @@
-"""Producer configuration: one spec per setting, read from a flag or its WALBRIDGE_* variable.
+"""Producer configuration: every setting declared once, read from a flag or its variable.
 
-Fails fast: an unknown WALBRIDGE_* variable, a flag and a variable
-that disagree, or settings that contradict each other are errors before any I/O.
-Every setting ``x_y`` has the flag ``--x-y`` and the variable ``WALBRIDGE_X_Y``.
+Fails fast, before any I/O: the loader's errors (schemas.settings_loader: unknown variables, a
+flag and a variable that disagree, malformed values, missing required settings), invalid values
+and settings that contradict each other are ConfigErrors, exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from producer.errors import ConfigError
-from schemas import settings
-from schemas.client_config import ClientConfigError, registry_client_config, with_secret_files
+from schemas.client_config import ClientConfigError, registry_client_config
+from schemas.settings_loader import SettingsError, read_settings, setting
 from schemas.topics import TopicNameError, check_prefix
 from schemas.type_mapping import TIMESTAMPTZ_FORMATS, TIMESTAMPTZ_MICROS
 
-ENV_PREFIX: Final = "WALBRIDGE_"
 COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 SNAPSHOT_MODES: Final = ("initial", "initial-only", "never")
 
 
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true/false, got {text!r}")
-
-
 @dataclass(frozen=True)
 class ProducerConfig:
-    # Settings that may hold a password stay out of repr (and so out of logs and tracebacks).
-    pg_dsn: str = field(repr=False)
-    kafka_bootstrap: str
-    schema_registry_url: str
-    publication: str = "walbridge"
-    slot: str = "walbridge"
-    tables: str = ""  # comma-separated schema.table; empty = all tables
-    # A partitioned table is published under its root's name (one topic per parent); false
-    # publishes each leaf partition as a table of its own.
-    publish_via_partition_root: bool = True
-    topic_prefix: str = ""  # empty: the database name
-    metrics_port: int = 9464  # 0: no HTTP endpoint
-    metrics_host: str = "0.0.0.0"
-    create_topics: bool = True
-    topic_partitions: int = 3
-    topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
-    topic_retention_ms: int = 0  # 0: the broker's default
-    compression: str = "lz4"
-    linger_ms: int = 10
-    queue_max_messages: int = 100_000  # librdkafka's local queue bound (back-pressure)
-    message_timeout_ms: int = 300_000  # a delivery failing for this long stops the producer
-    kafka_config: str = field(
-        default="", repr=False
-    )  # extra librdkafka settings "k=v,k=v" (TLS, SASL, ...)
-    # SchemaRegistryClient settings "k=v,k=v" (basic.auth.user.info, ssl.ca.location, ...)
-    schema_registry_config: str = field(default="", repr=False)
-    registry_max_attempts: int = 0  # per registry call; 0 = retry an outage forever
-    messages: bool = True  # publish pg_logical_emit_message records
-    heartbeat_interval_s: float = 10.0  # 0: no heartbeat records
-    idle_after_s: float = 1.0  # quiet time after which in-flight state and WAL end are confirmed
-    status_interval_s: float = 10.0  # Standby Status Update period (< wal_sender_timeout)
-    lag_interval_s: float = 10.0  # slot lag query period
-    shutdown_grace_s: float = 30.0  # SIGTERM: flush for at most this long
-    log_level: str = "INFO"
-    # initial: a new slot snapshots every published table (and tables added later are
-    # snapshotted when they appear); initial-only: the same, then stop once the snapshots are
-    # in Kafka; never: changes only (signals still snapshot on demand).
-    snapshot: str = "initial"
-    snapshot_chunk_rows: int = 20_000  # rows per chunk, at most
-    snapshot_chunk_bytes: int = 64 * 1024 * 1024  # and about this many bytes (TOASTed rows)
-    # timestamp-micros: Avro's timestamp-micros (UTC), typed for Avro readers; zoned-string:
-    # Debezium's ZonedTimestamp ISO string, for Debezium-aware sinks (README, "timestamptz").
-    timestamptz_format: str = TIMESTAMPTZ_MICROS
-    # Kafka transactions: a read_committed reader sees every source transaction once, whatever
-    # was killed when. Off: idempotent mode (a crash resends what was not confirmed).
-    exactly_once: bool = True
-    transactional_id: str = ""  # empty: walbridge.<topic prefix>.<slot>
+    # Secrets (a DSN, Kafka and registry settings that may hold passwords) stay out of repr,
+    # and so out of logs and tracebacks.
+    pg_dsn: str = setting(help="libpq connection string of the source database", secret=True)
+    kafka_bootstrap: str = setting(help="Kafka bootstrap servers, host:port,...")
+    schema_registry_url: str = setting(help="Confluent-compatible Schema Registry URL")
+    publication: str = setting("walbridge", help="publication to stream (created if missing)")
+    slot: str = setting("walbridge", help="logical replication slot (created if missing)")
+    tables: str = setting(
+        "", help='tables of a created publication, schema.table,... ("" = all tables)'
+    )
+    publish_via_partition_root: bool = setting(
+        True,
+        help="a created publication publishes a partitioned table under its root's name (one "
+        "topic per parent); false: each leaf partition as a table of its own",
+    )
+    topic_prefix: str = setting("", help='topic name prefix ("" = the database name)')
+    metrics_port: int = setting(9464, help="port of /metrics, /healthz, /readyz (0: none)")
+    metrics_host: str = setting("0.0.0.0", help="address the metrics endpoint listens on")
+    create_topics: bool = setting(True, help="create missing topics with the settings below")
+    topic_partitions: int = setting(3, help="partitions of a created table topic")
+    topic_replication_factor: int = setting(
+        -1, help="replication factor of created topics (-1: the broker's default)"
+    )
+    topic_retention_ms: int = setting(0, help="retention.ms of created topics (0: the broker's)")
+    compression: str = setting("lz4", help=f"Kafka compression, one of {COMPRESSION_CODECS}")
+    linger_ms: int = setting(10, help="librdkafka linger.ms")
+    queue_max_messages: int = setting(
+        100_000, help="librdkafka's local queue bound (back-pressure)"
+    )
+    message_timeout_ms: int = setting(
+        300_000, help="a delivery failing for this long stops the producer"
+    )
+    kafka_config: str = setting(
+        "",
+        help="extra librdkafka settings k=v,k=v (TLS, SASL, ...)",
+        secret=True,
+    )
+    schema_registry_config: str = setting(
+        "",
+        help="SchemaRegistryClient settings k=v,k=v (basic.auth.user.info, ssl.ca.location, ...)",
+        secret=True,
+    )
+    registry_max_attempts: int = setting(
+        0, help="attempts per registry call (0: retry an outage forever)"
+    )
+    messages: bool = setting(True, help="publish pg_logical_emit_message records")
+    heartbeat_interval_s: float = setting(10.0, help="heartbeat record period (0: none)")
+    idle_after_s: float = setting(
+        1.0, help="quiet time after which in-flight state and the WAL end are confirmed"
+    )
+    status_interval_s: float = setting(
+        10.0, help="Standby Status Update period (below wal_sender_timeout)"
+    )
+    lag_interval_s: float = setting(10.0, help="slot lag query period")
+    shutdown_grace_s: float = setting(30.0, help="on SIGTERM, flush for at most this long")
+    log_level: str = setting("INFO", help=f"one of {LOG_LEVELS}")
+    snapshot: str = setting(
+        "initial",
+        help="initial: a new slot snapshots every published table, and tables added later are "
+        "snapshotted when they appear; initial-only: the same, then stop once the snapshots "
+        "are in Kafka; never: changes only (signals still snapshot on demand)",
+    )
+    snapshot_chunk_rows: int = setting(20_000, help="rows per snapshot chunk, at most")
+    snapshot_chunk_bytes: int = setting(
+        64 * 1024 * 1024, help="and about this many bytes per chunk (TOASTed rows)"
+    )
+    timestamptz_format: str = setting(
+        TIMESTAMPTZ_MICROS,
+        help="timestamp-micros: Avro's timestamp-micros (UTC), typed for Avro readers; "
+        "zoned-string: Debezium's ZonedTimestamp ISO string (README, 'timestamptz')",
+    )
+    exactly_once: bool = setting(
+        True,
+        help="Kafka transactions: a read_committed reader sees every source transaction once, "
+        "whatever was killed when; false: idempotent mode (a crash resends what was not "
+        "confirmed)",
+    )
+    transactional_id: str = setting("", help='"" = walbridge.<topic prefix>.<slot>')
     # A Kafka transaction is committed once it is this old, or holds this many events or bytes
     # (checked at source commits and every 1024 events; a big source transaction spans
     # several Kafka transactions, and the resume point records how far it got).
-    kafka_transaction_max_ms: int = 100
-    kafka_transaction_max_events: int = 100_000
-    kafka_transaction_max_bytes: int = 64 * 1024 * 1024
-    kafka_transaction_timeout_ms: int = 60_000  # the coordinator aborts a transaction this old
-    # Testing only: exit at once (status 137, as kill -9) right after the Nth Kafka commit,
-    # before the slot is confirmed: the window exactly-once must survive. 0: off.
-    fault_exit_after_kafka_commits: int = 0
+    kafka_transaction_max_ms: int = setting(100, help="commit a Kafka transaction this old")
+    kafka_transaction_max_events: int = setting(100_000, help="or holding this many events")
+    kafka_transaction_max_bytes: int = setting(64 * 1024 * 1024, help="or holding this many bytes")
+    kafka_transaction_timeout_ms: int = setting(
+        60_000, help="the coordinator aborts a transaction this old"
+    )
+    # Exits at once (status 137, as kill -9) right after the Nth Kafka commit, before the slot
+    # is confirmed: the window exactly-once must survive.
+    fault_exit_after_kafka_commits: int = setting(0, help="testing only (0: off)")
 
     def __post_init__(self) -> None:
         for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url", "publication", "slot"):
             if not getattr(self, name):
-                raise ConfigError(f"{name} is required (flag --{_flag(name)} or {env_name(name)})")
+                raise ConfigError(f"{name} must not be empty")
         if self.compression not in COMPRESSION_CODECS:
             raise ConfigError(
                 f"compression must be one of {COMPRESSION_CODECS}, got {self.compression!r}"
@@ -203,107 +225,37 @@ def _at_least(name: str, value: int, low: int) -> None:
         raise ConfigError(f"{name} must be >= {low}, got {value}")
 
 
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-_FIELDS = {f.name: f for f in fields(ProducerConfig)}
 _TRANSACTION_SETTINGS: Final = (
     "transactional_id", "kafka_transaction_max_ms", "kafka_transaction_max_events",
     "kafka_transaction_max_bytes", "kafka_transaction_timeout_ms",
     "fault_exit_after_kafka_commits",
 )  # fmt: skip
-_PARSERS: Final[dict[str, Callable[[str], Any]]] = {
-    "int": int,
-    "float": float,
-    "bool": _bool,
-    "str": str,
-}
-
-
-def _parser_for(name: str) -> Callable[[str], Any]:
-    return _PARSERS[str(_FIELDS[name].type)]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="walbridge-producer run",
-        description="Stream PostgreSQL changes to Kafka as Avro events. Every flag --x-y can "
-        "also be set as WALBRIDGE_X_Y.",
-        allow_abbrev=False,
-    )
-    for name, spec in _FIELDS.items():
-        kind = str(spec.type)
-        if kind == "bool":
-            parser.add_argument(
-                f"--{_flag(name)}", dest=name, default=None, action=argparse.BooleanOptionalAction,
-                help=f"env {env_name(name)} (default {spec.default})",
-            )  # fmt: skip
-        else:
-            default = "required" if spec.default is MISSING else spec.default
-            parser.add_argument(
-                f"--{_flag(name)}", dest=name, default=None, type=_parser_for(name),
-                help=f"env {env_name(name)} (default {default})",
-            )  # fmt: skip
-    return parser
+_TOPIC_SETTINGS: Final = ("topic_partitions", "topic_replication_factor", "topic_retention_ms")
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ProducerConfig:
-    """Flags first, then WALBRIDGE_* variables, then defaults; see the module doc for errors."""
-    # Every tool's variables are known (one shell carries them all): schemas.settings.
-    unknown = settings.unknown(env)
-    if unknown:
-        raise ConfigError(f"unknown environment variable(s): {', '.join(unknown)}")
+    """Flags, else WALBRIDGE_* variables, else defaults (schemas.settings_loader's rules)."""
     try:
-        env = with_secret_files(env)  # WALBRIDGE_<NAME>_FILE: a secret mounted as a file
-    except ClientConfigError as exc:
+        given = read_settings(
+            ProducerConfig, argv, env, prog="walbridge-producer run",
+            description="Stream PostgreSQL changes to Kafka as Avro events.",
+        )  # fmt: skip
+    except SettingsError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        flags = vars(build_parser().parse_args(list(argv)))
-    except SystemExit as exc:  # argparse already printed the reason (or the --help text)
-        if exc.code == 0:
-            raise
-        # argparse printed the reason; echoing argv could print a DSN or a SASL password.
-        raise ConfigError("invalid command line (see above)") from exc
-    values: dict[str, Any] = {}
-    for name in _FIELDS:
-        raw_env = env.get(env_name(name))
-        from_env = None
-        if raw_env is not None and raw_env != "":
-            try:
-                from_env = _parser_for(name)(raw_env)
-            except ValueError as exc:
-                raise ConfigError(f"{env_name(name)}: {exc}") from exc
-        from_flag = flags[name]
-        if from_flag is not None and from_env is not None and from_flag != from_env:
-            secret = name in ("pg_dsn", "kafka_config", "schema_registry_config")
-            shown = "***" if secret else f"{from_env!r} vs {from_flag!r}"
-            raise ConfigError(f"--{_flag(name)} and {env_name(name)} disagree ({shown}); set one")
-        value = from_flag if from_flag is not None else from_env
-        if value is not None:
-            values[name] = value
-    if values.get("exactly_once") is False:
-        clashing = [f"--{_flag(n)}" for n in _TRANSACTION_SETTINGS if n in values]
-        if clashing:
-            raise ConfigError(
-                f"{', '.join(clashing)} only apply to Kafka transactions; "
-                "they conflict with --no-exactly-once"
-            )
-    if values.get("create_topics") is False:
-        clashing = [
-            f"--{_flag(n)}" for n in ("topic_partitions", "topic_replication_factor", "topic_retention_ms")
-            if n in values
-        ]  # fmt: skip
-        if clashing:
-            raise ConfigError(
-                f"{', '.join(clashing)} only apply when topics are created; "
-                "they conflict with --no-create-topics"
-            )
-    for name in ("pg_dsn", "kafka_bootstrap", "schema_registry_url"):
-        if name not in values:
-            raise ConfigError(f"{name} is required (flag --{_flag(name)} or {env_name(name)})")
-    return ProducerConfig(**values)
+    _refuse_inapplicable(given)
+    return ProducerConfig(**given)
+
+
+def _refuse_inapplicable(given: Mapping[str, Any]) -> None:
+    """Settings given for a feature that is switched off are a mistake worth stopping for."""
+    for switch, dependants, meaning in (
+        ("exactly_once", _TRANSACTION_SETTINGS, "only apply to Kafka transactions"),
+        ("create_topics", _TOPIC_SETTINGS, "only apply when topics are created"),
+    ):
+        if given.get(switch) is False:
+            clashing = [f"--{n.replace('_', '-')}" for n in dependants if n in given]
+            if clashing:
+                raise ConfigError(
+                    f"{', '.join(clashing)} {meaning}; they conflict with "
+                    f"--no-{switch.replace('_', '-')}"
+                )

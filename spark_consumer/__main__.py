@@ -1,14 +1,26 @@
-"""`python -m spark_consumer run|verify` (console script `walbridge-consumer`)."""
+"""`python -m spark_consumer run|verify` (console script `walbridge-consumer`).
+
+Exit status, as the producer's: 0 after `run --available-now` or a clean stop and after an
+equal `verify`, 2 for a configuration error (nothing started), 1 when the consumer stopped on a
+failure or `verify` found a difference.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from spark_consumer.errors import ConsumerError
+from spark_consumer.config import (
+    ConsumerConfig,
+    SparkSettings,
+    VerifyConfig,
+    parse_run,
+    parse_verify,
+)
+from spark_consumer.errors import ConfigError, ConsumerError
 from spark_consumer.metrics import ConsumerMetrics
 
 if TYPE_CHECKING:
@@ -21,32 +33,41 @@ USAGE = "usage: walbridge-consumer {run,verify} [options]  (--help after the com
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=os.environ.get("WALBRIDGE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     if not args or args[0] not in ("run", "verify"):
         print(USAGE, file=sys.stderr)
         return 2
+    env = os.environ  # read here only; everything below gets its settings
+    # Every setting is read and checked before Spark starts.
     try:
-        return _run(args[1:]) if args[0] == "run" else _verify(args[1:])
+        spark_settings = SparkSettings.from_env(env)
+        config = parse_run(args[1:], env) if args[0] == "run" else parse_verify(args[1:], env)
+    except ConfigError as exc:
+        print(f"walbridge-consumer: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=spark_settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if isinstance(config, ConsumerConfig):
+            return _run(config, env)
+        return _verify(config, env)
     except ConsumerError as exc:
         print(f"walbridge-consumer: {exc}", file=sys.stderr)
         return 1
 
 
-def _run(argv: list[str]) -> int:
+def _run(config: ConsumerConfig, env: Mapping[str, str]) -> int:
     from spark_consumer.batch import BatchProcessor
-    from spark_consumer.config import parse_run
     from spark_consumer.session import build_session
     from spark_consumer.source import start
     from spark_consumer.writer_schemas import WriterSchemas
 
-    config = parse_run(argv, os.environ)  # fail fast, before Spark starts
     metrics = ConsumerMetrics()
     if config.metrics_port:
         metrics.serve("0.0.0.0", config.metrics_port)
-    spark = build_session("walbridge-consumer")
+    spark = build_session(
+        "walbridge-consumer", env=env, lake_paths=(config.lake_path, config.checkpoint_path)
+    )
     processor = BatchProcessor(
         spark,
         config,
@@ -85,13 +106,11 @@ def _watch(query: StreamingQuery, metrics: ConsumerMetrics, every_s: int = 5) ->
             )
 
 
-def _verify(argv: list[str]) -> int:
+def _verify(config: VerifyConfig, env: Mapping[str, str]) -> int:
     from spark_consumer import verify
-    from spark_consumer.config import parse_verify
     from spark_consumer.session import build_session
 
-    config = parse_verify(argv, os.environ)
-    spark = build_session("walbridge-verify")
+    spark = build_session("walbridge-verify", env=env, lake_paths=(config.lake_path,))
     diffs = verify.run(config, spark)
     print(verify.report(diffs))
     return 0 if all(d.equal for d in diffs) else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from importlib.metadata import version
 from pathlib import Path
 
@@ -16,17 +17,18 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from spark_consumer import object_store
+from spark_consumer.config import SparkSettings
 
 SCALA_BINARY = "2.13"
 
 
-def walbridge_home() -> Path:
+def walbridge_home(settings: SparkSettings) -> Path:
     """State directory of the local stack (downloads, caches), default `.walbridge/` in the checkout."""
     default = Path(__file__).resolve().parent.parent / ".walbridge"
-    return Path(os.environ.get("WALBRIDGE_HOME", str(default))).resolve()
+    return Path(settings.home or default).resolve()
 
 
-def connector_version() -> str:
+def connector_version(settings: SparkSettings) -> str:
     """Version of the Spark Kafka/Avro connector jars: the `.0` release of pyspark's minor line.
 
     The connectors are binary compatible within a minor line, and Maven Central can lag PyPI
@@ -34,15 +36,14 @@ def connector_version() -> str:
     spark-avro), so the `.0` release is the one that always resolves.
     WALBRIDGE_SPARK_CONNECTOR_VERSION overrides it.
     """
-    override = os.environ.get("WALBRIDGE_SPARK_CONNECTOR_VERSION")
-    if override:
-        return override
+    if settings.connector_version:
+        return settings.connector_version
     major, minor = version("pyspark").split(".")[:2]
     return f"{major}.{minor}.0"
 
 
-def maven_packages() -> list[str]:
-    spark = connector_version()
+def maven_packages(settings: SparkSettings) -> list[str]:
+    spark = connector_version(settings)
     delta = version("delta-spark")
     return [
         f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{spark}",
@@ -56,6 +57,8 @@ def build_session(
     master: str | None = None,
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    lake_paths: Iterable[str] = (),
 ) -> SparkSession:
     """A session with Kafka, Avro and Delta; sized for a small machine unless overridden.
 
@@ -63,21 +66,27 @@ def build_session(
     small ones); `shuffle_partitions` or `extra_conf` can set them. On `local[2]` a 1M-change
     batch took 14.1-15.1 s with 2 partitions against 16.5-16.7 s with the former fixed 4, in
     interleaved runs.
+
+    `env` (default: this process's environment) gives the Spark settings (`SparkSettings`) and
+    the object store's AWS_* variables, which keep the AWS SDKs' own names; `lake_paths` are
+    the lake and checkpoint paths given by flag, so an s3a:// lake brings the S3 connector.
     """
-    ivy = walbridge_home() / "ivy2"
+    env = os.environ if env is None else env
+    settings = SparkSettings.from_env(env)
+    ivy = walbridge_home(settings) / "ivy2"
     # Python workers (mapInArrow, UDFs) must run this interpreter: the venv has pyarrow and
     # fastavro, a bare `python3` on PATH may not. PySpark reads only the environment for this.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("WALBRIDGE_SPARK_MASTER", "local[2]"))
+        .master(master or settings.master)
         .config("spark.jars.ivy", str(ivy))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", os.environ.get("WALBRIDGE_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.driver.memory", settings.driver_memory)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.adaptive.enabled", "true")
         # A batch's caches live for one batch and are read a few times: compressing their
@@ -100,12 +109,12 @@ def build_session(
         # 1000 entries, 11-14 s. Both code heaps and metaspace stayed the same size.
         .config("spark.sql.codegen.cache.maxEntries", "1000")
     )
-    packages = maven_packages()
-    if object_store.uses_s3a(os.environ):
+    packages = maven_packages(settings)
+    if object_store.uses_s3a(env, lake_paths):
         jars = Path(pyspark.__file__).resolve().parent / "jars"
         if not object_store.ships_s3a(jars):  # the consumer image has it in Spark's jars
             packages.append(object_store.s3a_package(object_store.hadoop_version(jars)))
-        for key, value in object_store.s3a_conf(os.environ).items():
+        for key, value in object_store.s3a_conf(env).items():
             builder = builder.config(key, value)
     builder = builder.config("spark.jars.packages", ",".join(packages))
     for key, value in (extra_conf or {}).items():

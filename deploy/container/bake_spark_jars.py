@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spark_consumer.config import SparkSettings
 from spark_consumer.session import build_session, walbridge_home
 
 # ivy names retrieved jars `<group>_<artifact>-<version>.jar`; Spark's own are `<artifact>-<version>.jar`.
@@ -81,7 +82,7 @@ def main() -> int:
     finally:
         spark.stop()
     target = Path(os.environ["SPARK_HOME"]) / "jars"
-    copy_new(walbridge_home() / "ivy2" / "jars", target)
+    copy_new(walbridge_home(SparkSettings.from_env(os.environ)) / "ivy2" / "jars", target)
     with tempfile.TemporaryDirectory() as scratch:
         resolve_s3a(target, Path(scratch))
         copy_new(Path(scratch), target)

@@ -53,9 +53,9 @@ def test_shared_environment_is_accepted() -> None:
         ),
         (["--available-now"], {**ENV, "WALBRIDGE_AVAILABLE_NOW": "false"}, "disagree"),
         (["--merge-threads", "2"], {**ENV, "WALBRIDGE_MERGE_THREADS": "3"}, "disagree"),
-        ([], {**ENV, "WALBRIDGE_MERGE_THREADS": "three"}, "WALBRIDGE_MERGE_THREADS='three'"),
+        ([], {**ENV, "WALBRIDGE_MERGE_THREADS": "three"}, r"WALBRIDGE_MERGE_THREADS: .*'three'"),
         ([], {**ENV, "WALBRIDGE_MAX_PENDING_AGE_S": "nan"}, "must be positive"),
-        ([], {**ENV, "WALBRIDGE_DECODER": "java"}, "decoder 'java' is not one of"),
+        ([], {**ENV, "WALBRIDGE_DECODER": "java"}, "WALBRIDGE_DECODER: 'java' is not one of"),
     ],
 )
 def test_conflicts_and_bad_values(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -73,7 +73,7 @@ def test_same_value_twice_is_fine() -> None:
 def test_dsn_conflict_is_not_echoed() -> None:
     with pytest.raises(ConfigError) as info:
         parse_verify(["--pg-dsn", "dbname=y password=hunter3"], VERIFY)
-    assert "disagree (***)" in str(info.value)
+    assert "disagree; set one" in str(info.value)
     assert "hunter" not in str(info.value)
 
 
@@ -94,7 +94,7 @@ def test_batches_are_capped_by_default_and_the_cap_can_be_lifted() -> None:
     # One huge source transaction spans many capped batches: the pending limit lets 5M
     # rows through with the defaults.
     assert default.max_pending_records > 5_000_000 + 2
-    assert parse_run(["--max-offsets-per-trigger", "0"], ENV).max_offsets_per_trigger is None
+    assert parse_run(["--max-offsets-per-trigger", "0"], ENV).max_offsets_per_trigger == 0
     assert (
         parse_run([], {**ENV, "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER": "1000"}).max_offsets_per_trigger
         == 1000
@@ -108,7 +108,44 @@ def test_batches_are_capped_by_default_and_the_cap_can_be_lifted() -> None:
     assert parse_run([], no_dv).lake_deletion_vectors is False
     with pytest.raises(ConfigError, match="disagree"):
         parse_run(["--lake-deletion-vectors", "true"], no_dv)
-    with pytest.raises(ConfigError, match="WALBRIDGE_LAKE_DELETION_VECTORS='off'"):
-        parse_run([], {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "off"})
+    # The one boolean parser: on/off as for every other boolean of either tool.
+    assert not parse_run(
+        [], {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "off"}
+    ).lake_deletion_vectors
+    with pytest.raises(ConfigError, match="WALBRIDGE_LAKE_DELETION_VECTORS: expected true/false"):
+        parse_run([], {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "maybe"})
     with pytest.raises(ConfigError, match="metrics-port"):
         parse_run(["--metrics-port", "70000"], ENV)
+
+
+def test_a_config_built_in_code_is_checked_and_normalised_as_one_read() -> None:
+    from spark_consumer.config import DEFAULT_TRIGGER, ConsumerConfig
+
+    cfg = ConsumerConfig(kafka_bootstrap="k", schema_registry_url="r", topic_prefix="p",
+                         lake_path="/lake/")  # fmt: skip
+    assert (cfg.lake_path, cfg.checkpoint_path) == ("/lake", "/lake/_walbridge/checkpoint")
+    assert cfg.trigger == DEFAULT_TRIGGER
+    with pytest.raises(ConfigError, match="merge-threads"):
+        ConsumerConfig(kafka_bootstrap="k", schema_registry_url="r", topic_prefix="p",
+                       lake_path="/l", merge_threads=0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["run"], {}),  # nothing set
+        (["run", "--merge-threads", "0"], ENV),
+        (["verify"], {**VERIFY, "WALBRIDGE_LOG_LEVEL": "LOUD"}),
+        (["run"], {**ENV, "WALBRIDGE_SPARK_MASTR": "local[1]"}),
+    ],
+)
+def test_every_configuration_error_exits_2_before_spark_starts(
+    argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spark_consumer import __main__ as cli
+
+    for name in [n for n in cli.os.environ if n.startswith("WALBRIDGE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(argv) == 2

@@ -47,7 +47,11 @@ def test_flags_alone() -> None:
         ([], {}, "missing required"),
         (["--available-now"], {**ENV, "WALBRIDGE_TRIGGER": "5 seconds"}, "conflicts"),
         (["--trigger", "soon"], ENV, "not an interval"),
-        ([], {**ENV, "WALBRIDGE_AVAILABLE_NOW": "maybe"}, "not a boolean"),
+        (
+            [],
+            {**ENV, "WALBRIDGE_AVAILABLE_NOW": "maybe"},
+            "WALBRIDGE_AVAILABLE_NOW: expected true/false",
+        ),
         (["--max-pending-records", "0"], ENV, "must be positive"),
         (["--quarantine-path", "/lake/_walbridge/checkpoint/q"], ENV, "quarantine"),
     ],

@@ -4,14 +4,15 @@ every variable named anywhere in the code or the stack scripts, are in it."""
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from producer.config import ProducerConfig, env_name
+from producer.config import ProducerConfig
+from producer.snapshot.signal import SnapshotRequest
 from schemas import settings
-from spark_consumer.config import RUN_ENV, VERIFY_ENV
+from schemas.settings_loader import declared
+from spark_consumer.config import ConsumerConfig, SparkSettings, VerifyConfig
 
 pytestmark = pytest.mark.unit
 
@@ -19,12 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\bWALBRIDGE_[A-Z0-9_]*[A-Z0-9]\b")
 
 
+def _variables(*classes: type) -> set[str]:
+    return {s.env for cls in classes for s in declared(cls)}
+
+
 def test_the_producer_declares_exactly_its_listed_variables() -> None:
-    assert {env_name(f.name) for f in fields(ProducerConfig)} == settings.PRODUCER
+    assert _variables(ProducerConfig, SnapshotRequest) == settings.PRODUCER
 
 
-def test_the_consumer_declares_only_listed_variables() -> None:
-    assert set(RUN_ENV.values()) | set(VERIFY_ENV.values()) <= settings.CONSUMER
+def test_the_consumer_declares_exactly_its_listed_variables() -> None:
+    assert _variables(ConsumerConfig, VerifyConfig, SparkSettings) == settings.CONSUMER
 
 
 def test_every_variable_the_code_and_scripts_name_is_listed() -> None:
