@@ -17,7 +17,7 @@ from producer.events import Row, TableShape
 from producer.pgoutput import Relation
 from producer.replication.identifiers import TableName
 from producer.sql_session import SqlSession
-from producer.topics import TopicManager
+from producer.topic_admin import TopicManager
 from schemas.catalog import ensure_types
 from schemas.envelope import Schema
 from schemas.relation import RelationCodec, UnmappedColumnLog, build_relation_codec

@@ -50,7 +50,7 @@ from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.sql_session import SqlSession
 from producer.stopping import StopFlag
 from producer.tables import TableRoutes, table_topics
-from producer.topics import TopicManager, TopicPolicy
+from producer.topic_admin import TopicManager, TopicPolicy
 from schemas import snapshot_state
 from schemas.envelope import (
     heartbeat_schema,

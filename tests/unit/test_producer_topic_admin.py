@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from producer.errors import TopicError
-from producer.topics import TopicManager, TopicPolicy
+from producer.topic_admin import TopicManager, TopicPolicy
 
 
 class FakeAdmin:
