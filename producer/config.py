@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from producer.errors import ConfigError
-from schemas.client_config import ClientConfigError, registry_client_config
+from schemas.client_config import ClientConfigError, parse_pairs, registry_client_config
 from schemas.settings_loader import SettingsError, read_settings, setting
 from schemas.topics import TopicNameError, check_prefix
 from schemas.type_mapping import TIMESTAMPTZ_FORMATS, TIMESTAMPTZ_MICROS
@@ -205,18 +205,13 @@ RESERVED_KAFKA_KEYS: Final = frozenset(
 
 
 def parse_kafka_config(text: str) -> dict[str, str]:
-    extra: dict[str, str] = {}
-    for number, item in enumerate((part.strip() for part in text.split(",")), 1):
-        if not item:
-            continue
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            # Its position, not its text: a comma inside a password splits it into such items.
-            raise ConfigError(f"kafka_config: item {number} is not key=value")
+    try:
+        extra = parse_pairs(text, "kafka_config")
+    except ClientConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    for key in extra:
         if key in RESERVED_KAFKA_KEYS:
             raise ConfigError(f"kafka_config must not set {key!r}: the producer sets it itself")
-        extra[key] = value.strip()
     return extra
 
 

@@ -142,7 +142,10 @@ def test_full_queue_is_back_pressure() -> None:
         sink.produce("db.public.t", None, b"v", callback, on_wait)
     with pytest.raises(Blocked):
         sink.produce("db.public.t", None, b"v", callback, on_wait)
-    assert len(waits) == 3 and len(sink) == 2
+    # The third record waited (and was never queued); len(sink) is librdkafka's out-queue,
+    # which also counts protocol requests (the idempotent producer's InitProducerId while it
+    # retries the refused connection), so it is not a count of records: asserting it flaked.
+    assert len(waits) == 3
 
 
 def test_delivery_failure_names_topic_table_and_lsn() -> None:
