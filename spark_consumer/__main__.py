@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark_settings = SparkSettings.from_env(env)
         config = parse_run(args[1:], env) if args[0] == "run" else parse_verify(args[1:], env)
     except ConfigError as exc:
-        print(f"walbridge-consumer: configuration error: {exc}", file=sys.stderr)
+        print(f"walbridge-consumer: {exc}", file=sys.stderr)  # "config: ..."
         return 2
     logging.basicConfig(
         level=spark_settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
