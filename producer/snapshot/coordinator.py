@@ -293,6 +293,7 @@ class SnapshotCoordinator:
                 w.reshaped = True  # the rows read may not match the new shape: read them again
 
     def _at_high_watermark(self, window: Window, lsn: int) -> None:
+        self._sizer.high_watermark()
         window.ready.wait()
         if window.error is not None:
             raise window.error

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import BinaryIO, Final
@@ -70,29 +69,26 @@ class ChunkSizer:
     ``budget_s`` of publishing at the rate the last chunks were published: the stream waits
     while the pipeline's thread publishes a chunk at its high watermark, so this bounds what a
     snapshot adds to streaming latency, whatever the machine's speed or load. Until a rate is
-    measured, chunks start at ``FIRST_ROWS``. While nothing but the snapshot's own watermarks
-    streamed for ``IDLE_S`` there is no latency to protect, and the budget is not applied:
-    bigger chunks spread each chunk's fixed cost (two watermark commits, a stream round trip)
-    over more rows; the first change after a quiet spell waits for at most one such chunk.
-    Shared with the reader thread (which sizes the windows it reads ahead): plain attribute
-    writes, atomic in CPython."""
+    measured, chunks start at ``FIRST_ROWS``.
+
+    Changes stream unless no transaction but the snapshot's own watermarks came through the
+    stream between the last two high watermarks. That is read in stream order, not by the
+    clock: a pipeline busy publishing a chunk reads no commits for a while, which says nothing
+    about the source. While quiet there is no latency to protect, and the budget is not
+    applied: bigger chunks spread each chunk's fixed cost (two watermark commits, a stream
+    round trip) over more rows; the first change after a quiet spell waits for at most one
+    such chunk. Shared with the reader thread (which sizes the windows it reads ahead): plain
+    attribute writes, atomic in CPython."""
 
     FIRST_ROWS: Final = 1000
-    IDLE_S: Final = 1.0
 
-    def __init__(
-        self,
-        rows: int,
-        max_bytes: int,
-        budget_s: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, rows: int, max_bytes: int, budget_s: float) -> None:
         self.rows = rows
         self.max_bytes = max_bytes
         self.budget_s = budget_s
         self.rows_per_s: float | None = None
-        self._clock = clock
-        self.streamed_at = clock()  # until shown otherwise, changes may be flowing
+        self.streaming = True  # until a window passes without a change, assume changes flow
+        self._changes = False  # a change since the last high watermark
 
     def published(self, rows: int, seconds: float) -> None:
         """A chunk of ``rows`` read rows took ``seconds`` to publish."""
@@ -104,13 +100,18 @@ class ChunkSizer:
 
     def streamed(self) -> None:
         """A transaction other than a watermark's went through the stream."""
-        self.streamed_at = self._clock()
+        self._changes = True
+
+    def high_watermark(self) -> None:
+        """The stream reached a high watermark: were there changes since the previous one?"""
+        self.streaming = self._changes
+        self._changes = False
 
     def limit(self, bytes_per_row: float | None) -> int:
         n = self.rows
         if bytes_per_row:
             n = min(n, int(self.max_bytes / bytes_per_row))
-        if self._clock() - self.streamed_at < self.IDLE_S:
+        if self.streaming:
             rate = self.rows_per_s
             n = min(n, self.FIRST_ROWS if rate is None else int(rate * self.budget_s))
         return max(1, n)

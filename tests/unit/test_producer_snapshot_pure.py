@@ -134,7 +134,7 @@ def test_a_window_read_ahead_follows_its_chunk_and_sees_changes_once_open() -> N
 
 
 def test_chunks_are_rows_bytes_and_a_time_budget_at_the_measured_rate() -> None:
-    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05, clock=lambda: 0.0)
+    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05)
     assert sizer.limit(None) == ChunkSizer.FIRST_ROWS  # no rate measured yet
     sizer.published(50, 1.0)  # too small to time
     assert sizer.rows_per_s is None
@@ -149,17 +149,19 @@ def test_chunks_are_rows_bytes_and_a_time_budget_at_the_measured_rate() -> None:
 
 
 def test_chunks_ignore_the_time_budget_while_only_the_snapshot_streams() -> None:
-    now = [0.0]
-    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05, clock=lambda: now[0])
+    sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05)
     sizer.published(1000, 0.1)  # 10k rows/s: 500 rows in 50 ms
-    assert sizer.limit(None) == 500  # changes may be streaming (none seen yet, but recently up)
-    now[0] = ChunkSizer.IDLE_S + 0.1
-    assert sizer.limit(None) == 20_000  # quiet: only rows and bytes bound the chunk
-    assert sizer.limit(1 << 20) == 64
-    sizer.streamed()  # a change: back to the budget
-    assert sizer.limit(None) == 500
-    now[0] += ChunkSizer.IDLE_S
+    assert sizer.limit(None) == 500  # changes may be streaming (nothing seen yet)
+    sizer.streamed()
+    sizer.high_watermark()
+    assert sizer.limit(None) == 500  # a change between the last two high watermarks
+    sizer.high_watermark()  # none since: quiet, only rows and bytes bound the chunk
     assert sizer.limit(None) == 20_000
+    assert sizer.limit(1 << 20) == 64
+    sizer.streamed()  # a change: read ahead meanwhile still sees the quiet window
+    assert sizer.limit(None) == 20_000
+    sizer.high_watermark()  # back to the budget from the next window on
+    assert sizer.limit(None) == 500
 
 
 def test_state_records_round_trip_and_advance() -> None:
