@@ -2,19 +2,27 @@
 at a steady rate of changes/s through the whole real pipeline (PostgreSQL, the producer as a
 subprocess, Kafka, the consumer streaming in this process).
 
-Workload: transactions of 10 inserts at the given rate. A transaction is visible when the first
+Workload: transactions of --per-tx inserts (default 5, the TPC-B shape) at the given rate. A transaction is visible when the first
 progress row with commit_lsn >= its commit_lsn is written (`applied_at`); its commit time is the
 event's `_ts_ms` (source commit time). Needs the local stack (deploy/local/stack up).
 
+Also reported, to show where a batch's seconds go: the median of each step of the consumer's
+batch function (BatchReport.steps) and of Spark's own trigger phases around it
+(StreamingQueryProgress.durationMs: latestOffset, walCommit, addBatch = the batch function,
+commitOffsets, triggerExecution = the whole trigger).
+
 Run:
   eval "$(deploy/local/stack env)"
-  .walbridge/venv/bin/python tests/bench/bench_consumer_freshness.py --rate 1000 --seconds 60 --trigger "1 seconds"
+  .walbridge/venv/bin/python tests/bench/bench_consumer_freshness.py --rate 1000 --seconds 60
+(--trigger defaults to the consumer's own default, DEFAULT_TRIGGER.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -27,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import psycopg
 from pyspark.sql import functions as F
 
+from spark_consumer.config import DEFAULT_TRIGGER
 from spark_consumer.session import build_session
 from spark_consumer.source import start
 from tests.e2e.harness import Pipeline
@@ -60,7 +69,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=1000.0, help="changes/s")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--trigger", default="1 seconds")
+    ap.add_argument("--trigger", default=DEFAULT_TRIGGER)
+    ap.add_argument("--per-tx", type=int, default=5, help="inserts per source transaction")
     args = ap.parse_args()
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     s = f"bench_fresh_{uuid.uuid4().hex[:8]}"
@@ -89,18 +99,25 @@ def main() -> None:
                 query = start(spark, proc.config, proc)
                 box: list[int] = []
                 worker = threading.Thread(
-                    target=lambda: box.append(load(dsn, table, args.rate, args.seconds))
+                    target=lambda: box.append(
+                        load(dsn, table, args.rate, args.seconds, args.per_tx)
+                    )
                 )
                 worker.start()
                 worker.join()
                 p.wait_published()
-                expected = box[0] * 10
+                expected = box[0] * args.per_tx
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
                     done = sum(sum(r.changes_by_table.values()) for r in proc.reports)
                     if done >= expected or query.exception() is not None:
                         break
                     time.sleep(2)
+                trigger_phases: dict[str, list[float]] = {}
+                for prog in query.recentProgress:
+                    if prog.numInputRows:
+                        for k, v in json.loads(prog.json)["durationMs"].items():
+                            trigger_phases.setdefault(k, []).append(v / 1000)
                 query.stop()
                 progress = (
                     spark.read.format("delta")
@@ -124,10 +141,25 @@ def main() -> None:
                     delays.append(visible - t["ts"] / 1000)
                 seconds = [r.seconds for r in proc.reports if not r.skipped]
                 print(
-                    f"{len(txs)} transactions ({len(txs) * 10} changes) at {args.rate:.0f} "
+                    f"{len(txs)} transactions ({len(txs) * args.per_tx} changes) at {args.rate:.0f} "
                     f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
                     f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
                     f"batches, median batch {pct(seconds, 50):.1f} s"
+                )
+                steps: dict[str, list[float]] = {}
+                for r in proc.reports:
+                    if not r.skipped and r.applied_transactions:
+                        for k, v in r.steps.items():
+                            steps.setdefault(k, []).append(v)
+                print(
+                    "batch function, median s per step: "
+                    + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items())
+                )
+                print(
+                    "Spark trigger phases (batches with input), median s: "
+                    + ", ".join(
+                        f"{k} {statistics.median(v):.2f}" for k, v in sorted(trigger_phases.items())
+                    )
                 )
             finally:
                 p.close()
