@@ -26,7 +26,15 @@ from pyspark.sql import functions as F
 
 from schemas import snapshot_state
 from schemas.topics import TopicKind, classify, message_topic, snapshot_topic, transaction_topic
-from spark_consumer import codegen_stable, merge, pending, progress, quarantine, transaction_stats
+from spark_consumer import (
+    codegen_stable,
+    lake_state,
+    merge,
+    pending,
+    progress,
+    quarantine,
+    transaction_stats,
+)
 from spark_consumer.columns import (
     COMMIT_LSN,
     FIRST_SEEN,
@@ -133,6 +141,10 @@ class BatchProcessor:
         # this job is their only writer). Tables are applied from several threads; a second
         # check of the same table is merely redundant.
         self._mode_checked: set[str] = set()
+        # Per lake path: the table as this job's last commit to it left it, and the handle it
+        # used (this job is the only writer, so neither changes behind its back). Filled by
+        # the first read of a table's log, dropped whole when a batch fails.
+        self._lake: dict[str, merge.Applied | lake_state.LakeTable] = {}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         report = self.process(batch, batch_id)
@@ -162,6 +174,9 @@ class BatchProcessor:
         persisted: list[DataFrame] = [framed]
         try:
             after, report = self._process(framed, persisted, batch_id, before, now_ms)
+        except BaseException:
+            self._lake.clear()  # a table may have committed after its state was kept
+            raise
         finally:
             for df in persisted:
                 df.unpersist()
@@ -199,6 +214,11 @@ class BatchProcessor:
         if before.pending_version is not None:  # None: nothing waited after the last batch
             old = pending.load(self.spark, self.config.pending_path, before.pending_version)
             rows = rows.unionByName(old).dropDuplicates(RECORD_ID_COLUMNS)
+        # The Kafka source gives one partition per topic partition, and every table's decode
+        # below scans the whole cached batch: tables x partitions tasks, 90k tiny tasks for a
+        # batch touching 300 tables. One partition per core keeps every core busy and makes
+        # that tables x cores.
+        rows = rows.coalesce(self.spark.sparkContext.defaultParallelism)
         return rows.withColumn("_vid", schema_id_col(F.col("value"))).withColumn(
             "_kid", schema_id_col(F.col("key"))
         )
@@ -314,37 +334,55 @@ class BatchProcessor:
     def _decode_tables(
         self, raw: DataFrame, infos: list[_TopicInfo], persisted: list[DataFrame]
     ) -> dict[str, _Table]:
-        """One from_avro pass per writer schema id; versions of a table unioned by name."""
+        """One from_avro pass per writer schema id; versions of a table unioned by name.
+
+        Building a table's frames is a few dozen Py4J calls, each analysed in the JVM: about a
+        tenth of a second per table, which a batch touching hundreds of tables paid one table
+        after the other. The tables are built on the MERGE threads instead (the JVM analyses
+        queries side by side); `persist` only marks a frame, nothing runs here."""
+        threads = max(1, min(self.config.merge_threads, len(infos)))
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = [pool.submit(self._decode_table, raw, info) for info in infos]
         out: dict[str, _Table] = {}
-        for info in infos:
-            frames: list[DataFrame] = []
-            columns: list[str] = []
-            key = self._key(info, self.config.table_path(info.schema, info.table))
-            keys = [key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
-            unique = True
-            pg_names: dict[str, str] = {}
-            for vid in info.value_ids:
-                fields = row_fields(self.schemas.parsed(vid))
-                pg_names |= {f.name: f.pg_name for f in fields if f.pg_name}
-                names = {f.name for f in fields}
-                unique &= all(bool(k) and set(k) < names for k in keys)
-                frames.append(
-                    table_events(
-                        self._decode(
-                            raw.filter((F.col("topic") == info.topic) & (F.col("_vid") == vid)),
-                            self.schemas.text(vid),
-                        ),
-                        fields,
-                        self.conversions,
-                        key or (),
-                    )
-                )
-                columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
-            df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
-            df = df.persist(_CACHE)
-            persisted.append(df)
-            out[info.topic] = _Table(info, df, tuple(columns), key, unique, pg_names)
+        failed: BaseException | None = None
+        for future in futures:  # every cache a table marked is dropped with the batch's
+            try:
+                table = future.result()
+            except BaseException as exc:  # re-raised below, once the others are kept
+                failed = failed or exc
+                continue
+            persisted.append(table.events)
+            out[table.info.topic] = table
+        if failed is not None:
+            raise failed
         return out
+
+    def _decode_table(self, raw: DataFrame, info: _TopicInfo) -> _Table:
+        frames: list[DataFrame] = []
+        columns: list[str] = []
+        key = self._key(info, self.config.table_path(info.schema, info.table))
+        keys = [key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
+        unique = True
+        pg_names: dict[str, str] = {}
+        for vid in info.value_ids:
+            fields = row_fields(self.schemas.parsed(vid))
+            pg_names |= {f.name: f.pg_name for f in fields if f.pg_name}
+            names = {f.name for f in fields}
+            unique &= all(bool(k) and set(k) < names for k in keys)
+            frames.append(
+                table_events(
+                    self._decode(
+                        raw.filter((F.col("topic") == info.topic) & (F.col("_vid") == vid)),
+                        self.schemas.text(vid),
+                    ),
+                    fields,
+                    self.conversions,
+                    key or (),
+                )
+            )
+            columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
+        df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+        return _Table(info, df.persist(_CACHE), tuple(columns), key, unique, pg_names)
 
     def _decode_markers(
         self, raw: DataFrame, marker_ids: list[int], persisted: list[DataFrame]
@@ -477,6 +515,7 @@ class BatchProcessor:
             plan.pending_transactions,
             oldest_age,
             sorted(snapshotting),
+            exists=before.batch_id >= 0,
         )
         step("progress")
         return after, BatchReport(
@@ -511,9 +550,11 @@ class BatchProcessor:
             if work.only_truncates:
                 return None
             key = ()  # no key schema and no table yet: the source table has no replica identity
+        known = self._lake.get(path)
+        lake = self._lake_table(path)
         if path not in self._mode_checked:
             merge.check_deletion_vectors(
-                self.spark, f"{info.schema}.{info.table}", path, self.config.lake_deletion_vectors
+                f"{info.schema}.{info.table}", lake, self.config.lake_deletion_vectors
             )
             self._mode_checked.add(path)
         lo, hi = plan.watermark_before, plan.watermark_after
@@ -540,8 +581,20 @@ class BatchProcessor:
             snapshotting=snapshotting,
             pg_names=table.pg_names,
             deletion_vectors=self.config.lake_deletion_vectors,
+            lake=lake,
+            handle=known.handle if isinstance(known, merge.Applied) else None,
         )
-        return merge.apply(self.spark, tc)
+        applied = merge.apply(self.spark, tc)
+        self._lake[path] = applied
+        return applied.version
+
+    def _lake_table(self, path: str) -> lake_state.LakeTable:
+        known = self._lake.get(path)
+        if isinstance(known, merge.Applied):
+            return known.lake
+        if known is None:
+            known = self._lake[path] = lake_state.read(self.spark, path)
+        return known
 
     def _snapshotting(
         self, raw: DataFrame, framing: _Framing, before: progress.Progress
@@ -615,7 +668,7 @@ class BatchProcessor:
         if info.key_ids:
             # The newest key schema of the batch names the replica identity columns.
             return key_fields(self.schemas.parsed(max(info.key_ids)))
-        return merge.stored_key(self.spark, path)
+        return merge.stored_key(self._lake_table(path))
 
     def _reject_decoded(
         self, tables: dict[str, _Table], marker_df: DataFrame, raw: DataFrame, batch_id: int

@@ -20,7 +20,11 @@
   no source materialisation, one pass. Still one commit per table per batch.
 - When the table has had no commit since the last batch and every key of its share starts
   with an insert, the last changes are simply appended (`_append_applies` gives the argument):
-  no join with the target at all.
+  no join with the target at all. The same holds, whatever the ops, for a table that holds no
+  row yet (`_empty_target_applies`): an initial load or a first snapshot chunk is appended.
+- What a table's apply needs to know of it (exists, version, key, deletion-vector mode,
+  schema) comes from one read of its log (lake_state.py), or from the state this job's own
+  last commit left, with the table handle it used (batch.py keeps both across batches).
 - The collapsed source is cached here, before the MERGE; Delta's own copy of it (its
   `materializeSource`, to disk) is switched off in session.py.
 """
@@ -39,10 +43,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window
 
+from spark_consumer import lake_state
 from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
-from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ApplyError
 from spark_consumer.key_change_toast import resolve_moved_toast
+from spark_consumer.lake_state import LakeTable
 
 KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
 DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -81,6 +86,12 @@ class TableChanges:
     pg_names: Mapping[str, str] = field(default_factory=dict)
     # Create the table with deletion vectors (ConsumerConfig.lake_deletion_vectors).
     deletion_vectors: bool = True
+    # The table as the batch found it (one read of its log, or the state this job's own last
+    # commit left); None: read it here.
+    lake: LakeTable | None = None
+    # A handle on the table this job opened before (its schema unchanged since): opening one
+    # reads the log again and analyses a query over the table.
+    handle: DeltaTable | None = None
 
     @property
     def name(self) -> str:
@@ -98,10 +109,26 @@ def check_names(table: str, names: Iterable[str]) -> None:
             )
 
 
-def _target_columns(table: DeltaTable, tc: TableChanges) -> list[str]:
-    cols = [f.name for f in table.toDF().schema.fields if f.name not in LAKE_META]
+@dataclass(frozen=True)
+class Target:
+    """The table to write to, after `ensure_table`: a handle and its schema."""
+
+    table: DeltaTable
+    schema: StructType
+
+    @property
+    def types(self) -> dict[str, DataType]:
+        return {f.name: f.dataType for f in self.schema.fields}
+
+
+def _target_columns(target: Target, tc: TableChanges) -> list[str]:
+    cols = [f.name for f in target.schema.fields if f.name not in LAKE_META]
     check_names(tc.name, cols)
     return cols
+
+
+def _lake(spark: SparkSession, tc: TableChanges) -> LakeTable:
+    return tc.lake if tc.lake is not None else lake_state.read(spark, tc.path)
 
 
 def _sql_path(path: str) -> str:
@@ -123,8 +150,9 @@ def _newer(s: str = "s.", t: str = "t.") -> str:
     )
 
 
-def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
+def ensure_table(spark: SparkSession, tc: TableChanges) -> Target:
     """Create the table, or add columns it lacks (schema evolution; dropped ones stay)."""
+    lake = _lake(spark, tc)
     src_types: dict[str, DataType] = {
         f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns
     }
@@ -135,7 +163,7 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
         StructField(TS_MS, LongType(), True),
     ]
     comments = {c: pg_name_comment(n) for c, n in tc.pg_names.items() if c in src_types}
-    if not DeltaTable.isDeltaTable(spark, tc.path):
+    if not lake.exists:
         schema = StructType(
             [
                 StructField(
@@ -145,7 +173,7 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
             ]
             + meta
         )
-        (
+        created = (
             DeltaTable.createIfNotExists(spark)
             .location(tc.path)
             .addColumns(schema)
@@ -156,19 +184,21 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> DeltaTable:
             .property(DELETION_VECTORS, "true" if tc.deletion_vectors else "false")
             .execute()
         )
-    table = DeltaTable.forPath(spark, tc.path)
-    existing = {f.name for f in table.toDF().schema.fields}
+        return Target(created, schema)
+    existing = set(lake.columns)
     new = [c for c in tc.columns if c not in existing]
-    if new:
-        # The comment is a literal of pg_name_comment's alphabet: no quote, no backslash.
-        cols = ", ".join(
-            f"`{c}` {src_types[c].simpleString()}"
-            + (f" COMMENT '{comments[c]}'" if c in comments else "")
-            for c in new
-        )
-        spark.sql(f"ALTER TABLE {_sql_path(tc.path)} ADD COLUMNS ({cols})")
-        table = DeltaTable.forPath(spark, tc.path)
-    return table
+    if not new:
+        table = tc.handle if tc.handle is not None else DeltaTable.forPath(spark, tc.path)
+        return Target(table, lake.schema)
+    # The comment is a literal of pg_name_comment's alphabet: no quote, no backslash.
+    cols = ", ".join(
+        f"`{c}` {src_types[c].simpleString()}"
+        + (f" COMMENT '{comments[c]}'" if c in comments else "")
+        for c in new
+    )
+    spark.sql(f"ALTER TABLE {_sql_path(tc.path)} ADD COLUMNS ({cols})")
+    table = DeltaTable.forPath(spark, tc.path)
+    return Target(table, table.toDF().schema)
 
 
 def pg_name_comment(name: str) -> str:
@@ -183,19 +213,19 @@ def pg_name_comment(name: str) -> str:
     return f"PostgreSQL column {escaped}"
 
 
-def check_deletion_vectors(spark: SparkSession, table: str, path: str, wanted: bool) -> None:
+def check_deletion_vectors(table: str, lake: LakeTable, wanted: bool) -> None:
     """Stop when an existing table was created in the other deletion-vector mode.
 
     Turning them on would move the table to a protocol that readers chosen for the other mode
     cannot open; turning them off leaves the vectors already written (and the protocol's
     feature) in place. Both are the operator's step to take, with Delta's own commands.
     """
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not lake.exists:
         return
-    props = _properties(spark, path)
-    has = props.get(DELETION_VECTORS, "false").strip().lower() == "true"
+    has = lake.properties.get(DELETION_VECTORS, "false").strip().lower() == "true"
     if has == wanted:
         return
+    path = lake.path
     sql_path = _sql_path(path)
     if wanted:
         how = (
@@ -211,17 +241,11 @@ def check_deletion_vectors(spark: SparkSession, table: str, path: str, wanted: b
     )
 
 
-def _properties(spark: SparkSession, path: str) -> dict[str, str]:
-    return {
-        r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {_sql_path(path)}").collect()
-    }
-
-
-def stored_key(spark: SparkSession, path: str) -> tuple[str, ...] | None:
+def stored_key(lake: LakeTable) -> tuple[str, ...] | None:
     """The key recorded at creation, or None when the table does not exist yet."""
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not lake.exists:
         return None
-    value = _properties(spark, path).get(KEY_PROPERTY, "")
+    value = lake.properties.get(KEY_PROPERTY, "")
     return tuple(c for c in value.split(",") if c)
 
 
@@ -352,7 +376,7 @@ def inserts_only_applies(tc: TableChanges) -> bool:
     )
 
 
-def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[str]) -> None:
+def _inserts_only_apply(target: Target, tc: TableChanges, target_cols: list[str]) -> None:
     source = tc.changes.filter(F.col(OP) == "c")
     on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
     key_range = _key_range(tc)
@@ -361,7 +385,7 @@ def _inserts_only_apply(table: DeltaTable, tc: TableChanges, target_cols: list[s
     # Insert-only: Delta runs this as an anti join against the (pruned) target and appends;
     # a key already there (a replay) is left as it is.
     (
-        table.alias("t")
+        target.table.alias("t")
         .merge(source.alias("s"), on)
         .whenNotMatchedInsert(values=_insert_values(tc, target_cols))
         .execute()
@@ -388,13 +412,14 @@ def _append_applies(spark: SparkSession, tc: TableChanges) -> bool:
     """
     if not tc.unique_key or tc.truncate is not None or tc.toast_columns:
         return False
-    if not DeltaTable.isDeltaTable(spark, tc.path):
+    lake = _lake(spark, tc)
+    if not lake.exists:
         return True
-    return tc.recorded_version is not None and table_version(spark, tc.path) == tc.recorded_version
+    return tc.recorded_version is not None and lake.version == tc.recorded_version
 
 
-def _append(table: DeltaTable, tc: TableChanges, rows: DataFrame, target_cols: list[str]) -> None:
-    types = {f.name: f.dataType for f in table.toDF().schema.fields}
+def _append(target: Target, tc: TableChanges, rows: DataFrame, target_cols: list[str]) -> None:
+    types = target.types
     # A column the writer no longer has (dropped at the source) gets NULL.
     values = [
         F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c) for c in target_cols
@@ -402,22 +427,42 @@ def _append(table: DeltaTable, tc: TableChanges, rows: DataFrame, target_cols: l
     (rows.select(*values, *LAKE_META).write.format("delta").mode("append").save(tc.path))
 
 
-def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
+def _empty_target_applies(spark: SparkSession, tc: TableChanges) -> bool:
+    """Whether the table holds no row before this batch: it does not exist yet, or its version
+    has no data file (read before `ensure_table`, whose commits add no rows).
+
+    The full MERGE into a table without rows matches nothing: it inserts the last change of
+    every key unless that is a delete, and a truncate finds nothing to remove. That is exactly
+    an append of the collapsed rows that are not deletes, whatever the ops (snapshot reads
+    included) and whether or not the key is unique: an initial load pays for no join with the
+    target. A replay after a crash finds the rows its first run wrote, so it takes the MERGE.
+    Not with unchanged TOAST columns: an update keeping a value needs a target row, and the
+    MERGE's check names it."""
+    lake = _lake(spark, tc)
+    return not tc.toast_columns and (not lake.exists or lake.files == 0)
+
+
+def apply_keyed(spark: SparkSession, tc: TableChanges) -> Target:
     may_append = _append_applies(spark, tc)
-    table = ensure_table(spark, tc)
-    target_cols = _target_columns(table, tc)
+    empty = _empty_target_applies(spark, tc)
+    target = ensure_table(spark, tc)
+    target_cols = _target_columns(target, tc)
     if inserts_only_applies(tc):
         if may_append:  # distinct inserts: every key starts with its only change
-            _append(table, tc, tc.changes.filter(F.col(OP) == "c"), target_cols)
+            _append(target, tc, tc.changes.filter(F.col(OP) == "c"), target_cols)
         else:
-            _inserts_only_apply(table, tc, target_cols)
-        return
+            _inserts_only_apply(target, tc, target_cols)
+        return target
     changes = tc.changes
     point = tc.truncate
     if point is not None:
         changes = changes.filter(_after(point))
     changes = changes.filter(F.col(OP).isin("c", "r", "u", "d"))
     toast_cols = _toast_columns(tc)
+    if empty and not toast_cols:
+        last = collapse(changes, tc.key, tc.columns, [])  # read once: not cached
+        _append(target, tc, last.filter(F.col(OP) != "d"), target_cols)
+        return target
     if toast_cols:
         # Before the MERGE deletes the old keys: a key change's create takes its unchanged
         # TOAST values from the row it replaces. A read of its own: the source must not share
@@ -429,12 +474,13 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> None:
     collapsed = collapsed.persist(_CACHE)
     try:
         if may_append and not collapsed.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
-            _append(table, tc, collapsed.filter(F.col(OP) != "d"), target_cols)
-            return
+            _append(target, tc, collapsed.filter(F.col(OP) != "d"), target_cols)
+            return target
         source = collapsed.drop(_FIRST_OP) if may_append else collapsed
         if toast_cols and not tc.snapshotting:
-            _check_toast_targets(table, source, tc, toast_cols)
-        _merge(table, tc, source, target_cols, toast_cols)
+            _check_toast_targets(target.table, source, tc, toast_cols)
+        _merge(target.table, tc, source, target_cols, toast_cols)
+        return target
     finally:
         collapsed.unpersist()  # the persisted frame itself: a derived one would not match
 
@@ -502,10 +548,11 @@ def _check_toast_targets(
         )
 
 
-def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
+def apply_append_only(spark: SparkSession, tc: TableChanges) -> Target:
     """Tables without a key: every change is a row; (commit_lsn, total_order) dedups replays."""
-    table = ensure_table(spark, tc)
-    target_cols = _target_columns(table, tc)
+    target = ensure_table(spark, tc)
+    table = target.table
+    target_cols = _target_columns(target, tc)
     changes = tc.changes
     point = tc.truncate
     if point is not None:
@@ -522,13 +569,21 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> None:
         .whenNotMatchedInsert(values=inserts)
         .execute()
     )
+    return target
 
 
-def apply(spark: SparkSession, tc: TableChanges) -> int:
-    """Apply and return the table's Delta version afterwards."""
+@dataclass(frozen=True)
+class Applied:
+    lake: LakeTable  # the table after this batch's commit
+    handle: DeltaTable  # for the next batch (`TableChanges.handle`)
+
+    @property
+    def version(self) -> int:
+        return self.lake.version
+
+
+def apply(spark: SparkSession, tc: TableChanges) -> Applied:
+    """Apply; the table's state afterwards (its Delta version, for the progress row)."""
     check_names(tc.name, (*tc.columns, *tc.key, *tc.toast_columns))
-    if tc.key:
-        apply_keyed(spark, tc)
-    else:
-        apply_append_only(spark, tc)
-    return table_version(spark, tc.path)
+    target = apply_keyed(spark, tc) if tc.key else apply_append_only(spark, tc)
+    return Applied(lake_state.read(spark, tc.path), target.table)

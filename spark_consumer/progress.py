@@ -96,8 +96,11 @@ def append(
     pending_transactions: int,
     pending_oldest_age_s: float | None,
     snapshotting: list[str] | None = None,
+    exists: bool = False,
 ) -> None:
-    if not DeltaTable.isDeltaTable(spark, path):
+    """`exists`: the caller read or wrote a row of this table, so it need not look (a look is a
+    read of the table's log, every batch)."""
+    if not exists and not DeltaTable.isDeltaTable(spark, path):
         # Created from the schema: the literal row below does not carry its nullability.
         DeltaTable.createIfNotExists(spark).location(path).addColumns(PROGRESS_SCHEMA).execute()
     versions = [

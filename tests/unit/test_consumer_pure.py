@@ -29,7 +29,7 @@ def test_run_config_from_env_with_defaults() -> None:
     cfg = parse_run([], ENV)
     assert (cfg.kafka_bootstrap, cfg.topic_prefix, cfg.lake_path) == ("k:9092", "db", "/lake")
     assert cfg.checkpoint_path == "/lake/_walbridge/checkpoint"
-    assert cfg.trigger == "10 seconds" and not cfg.available_now
+    assert cfg.trigger == "1 second" and not cfg.available_now
     assert cfg.progress_path == "/lake/_walbridge/progress"
     assert cfg.table_path("public", "t") == "/lake/public/t"
     assert cfg.decoder is Decoder.FROM_AVRO

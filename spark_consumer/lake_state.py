@@ -1,0 +1,63 @@
+"""What a batch needs to know about one lake table, from one read of its Delta log.
+
+Applying a table's share used to ask Delta the same things several times: whether the table
+exists (three times), its properties (key and deletion-vector mode, each a `SHOW TBLPROPERTIES`
+query), its version (twice) and its schema (a DataFrame over the table, three times). With a
+few rows per table, those reads were most of a table's cost in a batch touching hundreds of
+tables. One `DeltaLog.update()` answers all of them: a listing of the log directory, and the
+snapshot's metadata (from the version's checksum file when Delta wrote one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import DataType, StructType
+
+NO_TABLE = -1  # Delta's version of a path without a table
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    path: str
+    version: int  # NO_TABLE: no Delta table at the path yet
+    schema: StructType = field(default_factory=StructType)
+    properties: Mapping[str, str] = field(default_factory=dict)
+    files: int = 0  # data files in the version (0: the table holds no row)
+
+    @property
+    def exists(self) -> bool:
+        return self.version != NO_TABLE
+
+    @property
+    def columns(self) -> list[str]:
+        return [f.name for f in self.schema.fields]
+
+    @property
+    def types(self) -> dict[str, DataType]:
+        return {f.name: f.dataType for f in self.schema.fields}
+
+
+def read(spark: SparkSession, path: str) -> LakeTable:
+    """The table's latest state, through Delta's own log reader in the JVM (its Python API
+    has no such call; Scala default arguments do not reach Py4J, so `update` gets all three)."""
+    jvm = spark._jvm
+    assert jvm is not None
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = jvm.scala.Option.empty()
+    snapshot = log.update(False, none, none)
+    version = int(snapshot.version())
+    if version == NO_TABLE:
+        return LakeTable(path, NO_TABLE)
+    metadata = snapshot.metadata()
+    config = jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration())
+    return LakeTable(
+        path,
+        version,
+        StructType.fromJson(json.loads(metadata.schemaString())),
+        {str(k): str(v) for k, v in config.items()},
+        int(snapshot.numOfFiles()),
+    )

@@ -1,0 +1,66 @@
+"""Decisions merge.py takes from a table's state (lake_state.LakeTable), without Spark."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from spark_consumer import merge
+from spark_consumer.errors import ApplyError
+from spark_consumer.lake_state import NO_TABLE, LakeTable
+
+MISSING = LakeTable("/lake/s/t", NO_TABLE)
+
+
+def table(files: int = 3, **props: str) -> LakeTable:
+    return LakeTable("/lake/s/t", 7, properties=props, files=files)
+
+
+def changes(lake: LakeTable, **kw: Any) -> merge.TableChanges:
+    # The decisions below never look at the changes themselves.
+    return merge.TableChanges(
+        "s", "t", lake.path, ("id",), ("id", "v"), cast(Any, None), lake=lake, **kw
+    )
+
+
+def test_stored_key_comes_from_the_property() -> None:
+    assert merge.stored_key(MISSING) is None
+    assert merge.stored_key(table(**{merge.KEY_PROPERTY: "a,b"})) == ("a", "b")
+    assert merge.stored_key(table(**{merge.KEY_PROPERTY: ""})) == ()  # append-only
+    assert merge.stored_key(table()) == ()
+
+
+def test_deletion_vector_mode_must_match_the_setting() -> None:
+    merge.check_deletion_vectors("s.t", MISSING, True)  # created in the wanted mode
+    merge.check_deletion_vectors("s.t", table(**{merge.DELETION_VECTORS: "true"}), True)
+    merge.check_deletion_vectors("s.t", table(), False)
+    with pytest.raises(
+        ApplyError, match=r"table s\.t: .*enableDeletionVectors=false.*SET TBLPROPERTIES"
+    ):
+        merge.check_deletion_vectors("s.t", table(), True)
+    with pytest.raises(ApplyError, match="DROP FEATURE deletionVectors"):
+        merge.check_deletion_vectors("s.t", table(**{merge.DELETION_VECTORS: "TRUE"}), False)
+
+
+def test_append_needs_the_recorded_version_or_no_table() -> None:
+    assert merge._append_applies(cast(Any, None), changes(MISSING, unique_key=True))
+    assert merge._append_applies(
+        cast(Any, None), changes(table(), unique_key=True, recorded_version=7)
+    )
+    # Moved on since the last progress row (a crashed run committed): the guarded MERGE.
+    assert not merge._append_applies(
+        cast(Any, None), changes(table(), unique_key=True, recorded_version=6)
+    )
+    assert not merge._append_applies(cast(Any, None), changes(table(), unique_key=True))
+    assert not merge._append_applies(cast(Any, None), changes(MISSING, unique_key=False))
+
+
+def test_empty_target_is_a_table_without_files() -> None:
+    assert merge._empty_target_applies(cast(Any, None), changes(MISSING))
+    assert merge._empty_target_applies(cast(Any, None), changes(table(files=0)))
+    assert not merge._empty_target_applies(cast(Any, None), changes(table(files=1)))
+    # Unchanged TOAST values need the MERGE's check of their target rows.
+    assert not merge._empty_target_applies(
+        cast(Any, None), changes(MISSING, toast_columns=frozenset({"v"}))
+    )
