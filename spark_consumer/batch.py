@@ -515,7 +515,7 @@ class BatchProcessor:
             plan.pending_transactions,
             oldest_age,
             sorted(snapshotting),
-            exists=before.batch_id >= 0,
+            before.batch_id >= 0,  # a progress row was read or written: the table exists
         )
         step("progress")
         return after, BatchReport(
