@@ -463,9 +463,17 @@ class Supervisor(threading.Thread):
         for service in self.stack.services:
             if service in self.held or self.stack.pid(service) is not None:
                 continue
+            if not self._due(service):
+                continue
             started = time.monotonic()
             log(f"supervisor: {service} is down; starting it")
-            self.stack.run("up", service)
+            try:
+                self.stack.run("up", service)
+            except RuntimeError:
+                # `stack up` gave up (e.g. the restarted broker hit a port its killed
+                # predecessor still held): try again after a backoff, not in a tight loop.
+                self._restarted(service, started, healthy=False)
+                raise
             self._restarted(service, started, healthy=True)
         now = time.monotonic()
         for what, proc, restart in (
