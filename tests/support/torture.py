@@ -201,9 +201,22 @@ class Workload:
         """ALTER TABLE checking ADD COLUMN note_<n> (nullable, no default: rows keep NULL on
         both sides until a later doc rewrite fills it)."""
         name = f"note_{len(self.notes) + 1}"
+        for _ in range(600):  # PostgreSQL may be restarting after an earlier fault
+            try:
+                self._add_column(name)
+                break
+            except psycopg.OperationalError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"could not add column {name}: PostgreSQL unreachable for 300 s")
+        with self.lock:
+            self.notes.append(name)
+        return name
+
+    def _add_column(self, name: str) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(
-                pgsql.SQL("ALTER TABLE {} ADD COLUMN {} text").format(
+                pgsql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
                     self.ident("checking"), pgsql.Identifier(name)
                 )
             )
@@ -213,9 +226,6 @@ class Workload:
                     self.ident("checking"), pgsql.Identifier(name), self.ident("checking")
                 )
             )
-        with self.lock:
-            self.notes.append(name)
-        return name
 
     def start(self) -> None:
         self.stop_event.clear()
