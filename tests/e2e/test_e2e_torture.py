@@ -17,7 +17,7 @@ from tests.conftest import Stack
 from tests.support import torture
 from tests.support import torture_checks as tc
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.torture]
 
 SEED = 3
 
