@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from spark_consumer import lake_state
 from spark_consumer.errors import ApplyError
 from spark_consumer.merge import check_deletion_vectors
 from tests.support.spark import spark  # noqa: F401
@@ -27,6 +28,11 @@ def test_a_relative_lake_path_works_in_the_consumers_sql(
     # Relative to the working directory the test (and Spark's JVM) started in.
     relative = os.path.relpath(target)
     assert not os.path.isabs(relative)
-    check_deletion_vectors(spark, "public.t", relative, wanted=True)  # raised before the fix
-    with pytest.raises(ApplyError, match="enableDeletionVectors=true"):
-        check_deletion_vectors(spark, "public.t", relative, wanted=False)
+    lake = lake_state.read(spark, relative)  # the table's log, read through the relative path
+    assert lake.exists
+    check_deletion_vectors("public.t", lake, wanted=True)
+    with pytest.raises(ApplyError, match="enableDeletionVectors=true") as info:
+        check_deletion_vectors("public.t", lake, wanted=False)
+    # The command it proposes names the table by an absolute path (a relative one parsed as a
+    # table name: INVALID_ATTRIBUTE_NAME_SYNTAX).
+    assert f"delta.`{target}`" in str(info.value)
