@@ -18,8 +18,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from schemas import snapshot_state
 from schemas.client_config import parse_pairs, registry_client_config
 from schemas.safe_names import lake_table_path
+from schemas.topics import snapshot_topic
 from spark_consumer import verify
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, VerifyConfig
@@ -74,6 +76,23 @@ class Pipeline:
     def wait_published(self, timeout: float = 120.0) -> None:
         """Everything committed so far is in Kafka (the producer confirms only acked LSNs)."""
         self.source.wait_confirmed(self.source.current_lsn(), timeout)
+
+    def wait_snapshot_recorded(self, table: str, timeout: float = 120.0) -> None:
+        """The table's resume record in ``<prefix>.snapshot`` says its snapshot is complete,
+        committed in Kafka. The producer writes it only once the last chunk is acknowledged,
+        so it can commit after the slot's confirmation (``wait_published``) and after /readyz
+        stops saying "snapshotting"; a batch that should see the snapshot end waits for it."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.kafka}
+        creds = security.active()
+        if creds is not None:
+            conf |= parse_pairs(creds.consumer_kafka, "kafka")
+        topic = snapshot_topic(self.prefix)
+
+        def complete() -> bool:
+            state = snapshot_state.load(conf, topic).get(table)
+            return state is not None and state.complete
+
+        wait_for(f"{table}'s snapshot record to say complete", complete, timeout, every=0.5)
 
     def config(self, **overrides: Any) -> ConsumerConfig:
         settings: dict[str, Any] = dict(

@@ -83,6 +83,8 @@ def test_existing_rows_of_every_table_shape_reach_the_lake(
             stop.set()
             writer.join(30)
             p.wait_published()
+            for table in (keyed, keyless, empty, parted):
+                p.wait_snapshot_recorded(table)
             p.consume_available()
             p.assert_equal()
             # Every snapshot is done and acknowledged: the last batch names none.
@@ -92,12 +94,6 @@ def test_existing_rows_of_every_table_shape_reach_the_lake(
         sql(pg_dsn, f"DROP SCHEMA IF EXISTS {s} CASCADE")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="timing-dependent since stop 26 (issue 17): once in a fresh-clone run the batch after "
-    "the snapshot ended still listed the table in snapshotting (all 5000 rows in the lake); it "
-    "passed on the same code in 142 s. The final resume record may not be read yet",
-)
 def test_the_progress_table_names_a_table_while_its_snapshot_runs(
     spark: SparkSession, pg_dsn: str, kafka_bootstrap: str, registry_url: str, tmp_path: Path
 ) -> None:
@@ -143,6 +139,8 @@ def test_the_progress_table_names_a_table_while_its_snapshot_runs(
                 every=0.5,
             )
             p.wait_published()
+            # /readyz and the slot move on before the table's last resume record commits.
+            p.wait_snapshot_recorded(held)
             p.consume_available()
             assert p.progress()[-1]["snapshotting"] == []
             p.assert_equal()

@@ -274,7 +274,9 @@ class TopicReader:
         return list(self.each_to_end(topics, timeout))
 
     def each_to_end(self, topics: list[str], timeout: float = 300.0) -> Iterator[Record]:
-        """read_to_end one record at a time (memory bounded by the caller, not the topics)."""
+        """read_to_end one record at a time (memory bounded by the caller, not the topics).
+        ``timeout``: seconds without a record or a partition's end (a stall), so a big topic
+        read on a busy machine is not cut off while it is still making progress."""
         consumer = Consumer(
             {
                 **self.kafka_config,
@@ -295,8 +297,11 @@ class TopicReader:
             waiting = {(tp.topic, tp.partition) for tp in partitions}
             while waiting:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"{sorted(waiting)} not read to their end in {timeout}s")
+                    raise AssertionError(
+                        f"{sorted(waiting)} not read to their end: nothing read for {timeout}s"
+                    )
                 for m in consumer.consume(5000, 0.5):
+                    deadline = time.monotonic() + timeout
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
