@@ -172,10 +172,8 @@ class SnapshotCoordinator:
             return
         if self._rereads:
             name, keys = self._rereads.pop(0)
-            try:
-                table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
-            except KeyError:
-                self._left_publication(name)
+            table = self._describe(name)
+            if table is None:
                 self._open_next()
                 return
             self.window = Window(table=table, cursor=None, limit=len(keys), keys=keys)
@@ -184,10 +182,8 @@ class SnapshotCoordinator:
         if not self._queue:
             return
         name = self._queue[0]
-        try:
-            table = self._sql.run(lambda conn: catalog.describe(conn, self._publication, name))
-        except KeyError:
-            self._left_publication(name)
+        table = self._describe(name)
+        if table is None:
             self._open_next()
             return
         state = self.states.get(name) or requested(name, 0)
@@ -209,6 +205,18 @@ class SnapshotCoordinator:
             table=table, cursor=state.cursor if table.chunk_key else None, limit=limit
         )
         self._submit(self.window)
+
+    def _describe(self, name: str) -> SnapshotTable | None:
+        """The table as the catalog describes it now; None when it left the publication (its
+        snapshot is dropped)."""
+        try:
+            table: SnapshotTable = self._sql.run(
+                lambda conn: catalog.describe(conn, self._publication, name)
+            )
+        except KeyError:
+            self._left_publication(name)
+            return None
+        return table
 
     def _submit(self, window: Window) -> None:
         if self._reader is None:
