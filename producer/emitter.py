@@ -369,6 +369,9 @@ class EventEmitter:
         collections = tx.collections
         total, position = tx.event_count, collections.get(table, 0)
         sent = size = 0  # since counted
+        # Served every POLL_EVERY events across runs (a table's rows come in many short runs
+        # when they are wide): delivery reports, status updates and stop requests keep flowing.
+        since_poll = self.since_poll
         try:
             for row, key in rows:
                 total += 1
@@ -392,13 +395,15 @@ class EventEmitter:
                     raise DeliveryError(topic, table, tx.commit_lsn, str(exc)) from exc
                 sent += 1
                 size += len(value) + (len(framed) if framed else 0)
-                if sent == POLL_EVERY:
+                since_poll += 1
+                if since_poll >= POLL_EVERY:
                     tx.event_count, collections[table] = total, position
                     counts[0] += sent
                     counts[1] += size
-                    sent = size = 0
+                    sent = size = since_poll = self.since_poll = 0
                     self.serve()
         finally:
+            self.since_poll = since_poll
             tx.event_count, collections[table] = total, position
             counts[0] += sent
             counts[1] += size

@@ -386,12 +386,14 @@ class SnapshotCoordinator:
         dropped = kept = 0
         reread: list[bytes] = []
         # Published a batch at a time (a chunk, or a spooled batch), the last one after the
-        # loop: the table's last row says "last".
+        # loop: the table's last row says "last". Each batch's last kept row waits for the
+        # next batch: it is the table's last when every row after it is dropped.
         out: list[tuple[bytes, bytes | None]] = []
         for lines in batches:
-            if out:
-                emit(route, out, False, lsn)
-                out = []
+            if len(out) > 1:
+                emit(route, out[:-1], False, lsn)
+                kept += len(out) - 1
+                out = out[-1:]
             keep = out.append
             for line in lines:
                 encoded = fast(line) if fast is not None else None
@@ -413,7 +415,7 @@ class SnapshotCoordinator:
                         reread.append(line)
                     continue
                 keep(encoded)
-            kept += len(out)
+        kept += len(out)
         emit(route, out, not window.more and window.keys is None, lsn)
         keys = [key_text(window.table, line) for line in reread]
         if keys:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from producer.delivery import DeliveryTracker, Ticket
-from producer.emitter import EventEmitter, FixedEncoders, SourceNames
+from producer.emitter import POLL_EVERY, EventEmitter, FixedEncoders, SourceNames
 from producer.envelope_writer import TableEnvelopeWriter
 from producer.errors import StreamStateError
 from producer.events import TableShape
@@ -278,3 +278,21 @@ def test_fast_path_steps_aside_outside_a_transaction(monkeypatch: pytest.MonkeyP
     assert recorder.produced == []
     with pytest.raises(StreamStateError, match="outside a transaction"):
         careful(pipeline, payload, 0x900)
+
+
+def test_snapshot_rows_in_short_runs_are_still_served_every_poll_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table's snapshot rows come in many short runs when they are wide (a spooled batch
+    is 4 MiB): delivery reports, status updates and stop requests are served every
+    POLL_EVERY events across runs, not only within a run that reaches it."""
+    route = route_for("d", ("id",))
+    rig, recorder = pipeline_with(route, monkeypatch)
+    served: list[int] = []
+    rig.em.serve = lambda: served.append(len(recorder.produced))  # type: ignore[method-assign]
+    body = route.shape.codec.encode_row(row(1, "a", "x", "1.50"))[0]
+    runs = 3 * POLL_EVERY // 100 + 1
+    for _ in range(runs):
+        rig.em.emit_reads(route, [(body, None)] * 100, False, 0x1000)
+    assert len(recorder.produced) == runs * 100
+    assert served == [POLL_EVERY, 2 * POLL_EVERY, 3 * POLL_EVERY]

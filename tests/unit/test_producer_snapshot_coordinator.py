@@ -5,6 +5,7 @@ log line naming it, not a KeyError."""
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -17,8 +18,14 @@ from producer.pgoutput import Column
 from producer.snapshot import coordinator as coordinator_module
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
-from producer.snapshot.copy_text import tuple_data
-from producer.snapshot.watermarks import WATERMARK_PREFIX, Mark, Window, watermark_content
+from producer.snapshot.copy_text import spooled_batches, tuple_data
+from producer.snapshot.watermarks import (
+    WATERMARK_PREFIX,
+    Mark,
+    ReadSnapshot,
+    Window,
+    watermark_content,
+)
 from schemas.relation import build_relation_codec
 from schemas.snapshot_state import DONE, TableState, follow
 from schemas.type_catalog import TypeCatalog
@@ -51,6 +58,7 @@ class FakeReader:
 class FakeSink:
     def __init__(self) -> None:
         self.reads: list[bytes] = []
+        self.last: list[bytes] = []  # the rows emitted as the table's last
         self.states: list[TableState] = []
 
     def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
@@ -60,6 +68,8 @@ class FakeSink:
         self, route: Any, rows: Sequence[tuple[bytes, bytes | None]], last: bool, lsn: int
     ) -> None:
         self.reads.extend(row for row, _key in rows)
+        if last:
+            self.last.append(rows[-1][0])
 
     def has_route(self, oid: int) -> bool:
         return True
@@ -225,3 +235,46 @@ def test_a_second_low_watermark_of_a_keyless_window_forgets_rows_its_truncate_dr
     coord.on_message(WATERMARK_PREFIX, low, 20, True)  # the retry's
     assert sink.truncates == 2
     assert window.images == []
+
+
+def test_the_last_row_is_marked_last_when_the_final_spooled_batch_is_all_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table without a key is published a spooled batch at a time; when every row of the
+    final batch is dropped (an insert the read saw, at the heap's end), the row before them
+    is still the snapshot's "last" (the contract's source.snapshot)."""
+    keyless = SnapshotTable(16385, "public", "k", "d", (Column(0, "v", 23, -1, False),), ())
+    codec = build_relation_codec(keyless.relation(), TypeCatalog(), "db.public.k")
+    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n: keyless)
+    monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 4)
+    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    # A batch per row (2-byte blocks), so the final batch holds only row 4.
+    monkeypatch.setattr(
+        coordinator_module, "spooled_batches", lambda spool: spooled_batches(spool, 2)
+    )
+    FakeReader.windows = []
+
+    class Sink(FakeSink):
+        def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
+            return SimpleNamespace(shape=SimpleNamespace(codec=codec, keyed=False))
+
+        def emit_snapshot_truncate(self, route: Any, lsn: int) -> None:
+            pass
+
+    sink = Sink()
+    coord = _coordinator(sink)
+    coord.start({}, ["public.k"], [])
+    coord._enqueue("public.k")
+    coord.tick()
+    window = FakeReader.windows[-1]
+    window.spool = io.BytesIO(b"1\n2\n3\n4\n")
+    window.read_snapshot = ReadSnapshot(100, 100, frozenset())  # saw every xid below 100
+    window.bytes_read = 8
+    window.ready.set()
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), 10, True)
+    row4 = codec.encode_row(tuple_data(b"4", 1))[0]
+    window.saw_image(50, None, row4)  # inserted (and streamed) before the read: one 4 dropped
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), 20, True)
+    rows = [codec.encode_row(tuple_data(v, 1))[0] for v in (b"1", b"2", b"3")]
+    assert sink.reads == rows
+    assert sink.last == [rows[-1]]
