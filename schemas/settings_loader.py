@@ -11,7 +11,7 @@ The rules, the same for the producer and the consumer:
 - a boolean is ``--x``, ``--x true|false`` or ``--no-x``, and ``1/0, true/false, yes/no, on/off``
   in a variable (`parse_bool`, the one boolean parser);
 - a flag and a variable that disagree are an error (which one was meant is a guess no tool
-  should make); an empty variable counts as unset;
+  should make); an empty value counts as unset, in a variable or on the command line;
 - an unknown WALBRIDGE_* variable is an error (a typo would otherwise be ignored), where
   "known" means owned by any tool (`schemas.settings`), since one shell carries them all;
 - a secret (a DSN, a Kafka or registry setting that may hold a password) is never echoed in an
@@ -207,7 +207,9 @@ def settings_from(cls: type, flags: Mapping[str, Any], env: Mapping[str, str]) -
     given: dict[str, Any] = {}
     missing = []
     for s in declared(cls):
-        from_flag = _parsed(s, flags[s.name], f"--{s.flag}")
+        # Empty counts as not given, on the command line as in the environment: `--lake-path
+        # "$UNSET"` must not pass for a lake at the filesystem's root.
+        from_flag = _parsed(s, flags[s.name] or None, f"--{s.flag}")
         from_env = _parsed(s, env.get(s.env) or None, s.env)
         if from_flag is not None and from_env is not None and from_flag != from_env:
             shown = "" if s.secret else f" ({from_flag!r} vs {from_env!r})"

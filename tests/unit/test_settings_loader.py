@@ -101,6 +101,8 @@ def test_a_secret_is_never_echoed(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "env", "message"),
     [
         ([], {}, r"missing required setting\(s\): --kafka-bootstrap / WALBRIDGE_KAFKA_BOOTSTRAP"),
+        (["--kafka-bootstrap", ""], {}, r"missing required setting\(s\): --kafka-bootstrap"),
+        ([], {"WALBRIDGE_KAFKA_BOOTSTRAP": ""}, r"missing required setting\(s\): --kafka-bootstrap"),
         ([], {"WALBRIDGE_KAFKA_BOOTSTRAP": "k", "WALBRIDGE_LINGR_MS": "1"}, "unknown environment variable.*WALBRIDGE_LINGR_MS"),
         (["--linger-ms", "soon"], {"WALBRIDGE_KAFKA_BOOTSTRAP": "k"}, "--linger-ms: invalid literal"),
         ([], {"WALBRIDGE_KAFKA_BOOTSTRAP": "k", "WALBRIDGE_EXACTLY_ONCE": "maybe"}, "WALBRIDGE_EXACTLY_ONCE: expected true/false"),
