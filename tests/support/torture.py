@@ -100,19 +100,26 @@ class Stack:
         return dict(re.findall(r"^export (\w+)='([^']*)'$", self.run("env"), re.MULTILINE))
 
     def pid(self, service: str) -> int | None:
+        """The service's running process (None: not running; a zombie is not running)."""
         try:
             pid = int((self.home / "run" / f"{service}.pid").read_text().split()[0])
-            os.kill(pid, 0)
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except (OSError, ValueError, IndexError):
             return None
-        return pid
+        state = stat.rsplit(")", 1)[-1].split()[0]  # after "(comm)", which may hold spaces
+        return None if state in ("Z", "X") else pid
 
-    def kill9(self, service: str) -> None:
+    def kill9(self, service: str, timeout: float = 60.0) -> None:
         pid = self.pid(service)
         if pid is None:
             raise RuntimeError(f"{service} is not running: nothing to kill")
         os.kill(pid, signal.SIGKILL)
-        while self.pid(service) is not None:
+        deadline = time.monotonic() + timeout
+        while self.pid(service) == pid:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{service} (pid {pid}) still running {timeout:.0f}s after kill -9"
+                )
             time.sleep(0.05)
 
     def postgres_crash(self) -> None:
