@@ -10,6 +10,17 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 
+def table_rows(path: str, version: int) -> int:
+    """count(*) of the table at ``version`` (through delta-rs's query engine, as table_sum)."""
+    table = (
+        QueryBuilder()
+        .register("t", DeltaTable(path, version=version))
+        .execute("SELECT count(*) AS n FROM t")
+        .read_all()
+    )
+    return int(table.column("n")[0].as_py())
+
+
 def table_sum(path: str, version: int, column: str) -> int:
     """sum(column) of the table at ``version`` (0 when empty). Through delta-rs's query engine:
     its plain pyarrow reader refuses deletion vectors, which MERGEs into our tables write."""

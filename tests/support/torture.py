@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -559,16 +560,21 @@ def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, A
     """The invariant in every lake state a progress row names (each table VERSION AS OF the
     row's table_versions), read with delta-rs. A (table, version) is summed once."""
     paths = {t: str(lake / schema / t) for t in ("checking", "savings", "history")}
-    cache: dict[tuple[str, int], int] = {}
+    cache: dict[tuple[str, int], tuple[int, int]] = {}
 
-    def money(table: str, versions: dict[str, int]) -> int:
+    def money(table: str, versions: dict[str, int]) -> tuple[int, int]:
+        """(sum, rows) of the table in this state."""
         version = versions.get(f"{schema}.{table}")
         if version is None:
-            return 0  # not in the lake yet at this point
+            return 0, 0  # not in the lake yet at this point
         key = (table, version)
         if key not in cache:
             column = "delta" if table == "history" else "balance"
-            cache[key] = lake_reader.table_sum(paths[table], version, column)
+            path = paths[table]
+            cache[key] = (
+                lake_reader.table_sum(path, version, column),
+                lake_reader.table_rows(path, version),
+            )
         return cache[key]
 
     violations: list[str] = []
@@ -577,7 +583,10 @@ def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, A
     rows = lake_reader.progress_rows(str(lake))
     for row in rows:
         v = row["table_versions"]
-        sums = tc.Sums(money("checking", v), money("savings", v), money("history", v))
+        (checking, c_rows), (savings, s_rows), (history, h_rows) = (
+            money(t, v) for t in ("checking", "savings", "history")
+        )
+        sums = tc.Sums(checking, savings, history, c_rows + s_rows + h_rows)
         problem = tc.invariant_violation(sums, total)
         if problem is not None:
             violations.append(f"batch {row['batch_id']} {v}: {problem}")
@@ -914,22 +923,27 @@ class Run:
             table_topic(prefix, s, t): f"{s}.{t}" for t in ("checking", "savings", "history")
         }
         markers = transaction_topic(prefix)
-        events: list[tc.Event] = []
         ends: list[tc.End] = []
-        for r in reader.each_to_end([*collections, markers], timeout=1800):
-            v = r.value
-            if r.topic == markers:
-                if v["status"] == "END":
-                    ends.append(tc.End(
-                        v["id"], v["event_count"],
-                        {d["data_collection"]: d["event_count"] for d in v["data_collections"]},
-                    ))  # fmt: skip
-                continue
-            events.append(tc.Event(
-                v["transaction"]["id"], v["source"]["commit_lsn"],
-                v["transaction"]["total_order"], collections[r.topic],
-            ))  # fmt: skip
-        return tc.check_end_counts(events, ends)
+
+        def events() -> Iterator[tc.Event]:
+            """The data events as they are read (not held: the topics need not fit in
+            memory); the END markers met on the way are collected into ``ends``, complete
+            once this is exhausted, which check_end_counts does before it reads them."""
+            for r in reader.each_to_end([*collections, markers], timeout=1800):
+                v = r.value
+                if r.topic == markers:
+                    if v["status"] == "END":
+                        ends.append(tc.End(
+                            v["id"], v["event_count"],
+                            {d["data_collection"]: d["event_count"] for d in v["data_collections"]},
+                        ))  # fmt: skip
+                    continue
+                yield tc.Event(
+                    v["transaction"]["id"], v["source"]["commit_lsn"],
+                    v["transaction"]["total_order"], collections[r.topic],
+                )  # fmt: skip
+
+        return tc.check_end_counts(events(), ends)
 
     def rows(self) -> int:
         return sum(

@@ -64,22 +64,24 @@ def test_transaction_state_partition() -> None:
 
 
 def test_invariant_holds_on_consistent_states() -> None:
-    assert tc.invariant_violation(tc.Sums(0, 0, 0), TOTAL) is None  # before the opening
-    assert tc.invariant_violation(tc.Sums(TOTAL // 2, TOTAL // 2, TOTAL // 2), TOTAL) is None
-    assert tc.invariant_violation(tc.Sums(TOTAL - 5, 5, 5), TOTAL) is None
+    assert tc.invariant_violation(tc.Sums(0, 0, 0, 0), TOTAL) is None  # before the opening
+    assert tc.invariant_violation(tc.Sums(TOTAL // 2, TOTAL // 2, TOTAL // 2, 120), TOTAL) is None
+    assert tc.invariant_violation(tc.Sums(TOTAL - 5, 5, 5, 130), TOTAL) is None
 
 
 @pytest.mark.parametrize(
     "sums",
     [
         # A transfer half applied: checking moved, savings not yet.
-        tc.Sums(TOTAL // 2 - 700, TOTAL // 2, TOTAL // 2),
+        tc.Sums(TOTAL // 2 - 700, TOTAL // 2, TOTAL // 2, 120),
         # savings applied, its history insert not (the keyless table a batch behind).
-        tc.Sums(TOTAL // 2 - 700, TOTAL // 2 + 700, TOTAL // 2),
+        tc.Sums(TOTAL // 2 - 700, TOTAL // 2 + 700, TOTAL // 2, 121),
         # Only the opening's checking rows visible.
-        tc.Sums(TOTAL // 2, 0, 0),
+        tc.Sums(TOTAL // 2, 0, 0, 40),
+        # Rows in the lake whose money is gone: every sum 0 is not "before the opening".
+        tc.Sums(0, 0, 0, 80),
         # A history row applied twice (a duplicate insert into the keyless table).
-        tc.Sums(TOTAL // 2, TOTAL // 2, TOTAL // 2 + 300),
+        tc.Sums(TOTAL // 2, TOTAL // 2, TOTAL // 2 + 300, 121),
     ],
 )
 def test_invariant_fails_on_a_partial_or_duplicated_transaction(sums: tc.Sums) -> None:
