@@ -57,7 +57,10 @@ def parse_bool(text: str) -> bool:
         return True
     if lowered in _FALSE:
         return False
-    raise ValueError(f"expected true/false, got {text!r}")
+    # Echoed only when it looks like a mistyped word: `--create-topics "$DSN"` (a flag whose
+    # value is optional takes the next argument) must not print a password.
+    shown = f", got {text!r}" if len(text) <= 12 and text.isalnum() else ""
+    raise ValueError(f"expected true/false (1/0, yes/no, on/off){shown}")
 
 
 @dataclass(frozen=True)

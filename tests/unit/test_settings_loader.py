@@ -59,8 +59,12 @@ def test_one_boolean_parser(text: str, value: bool) -> None:
 
 
 def test_parse_bool_refuses_anything_else() -> None:
-    with pytest.raises(ValueError, match="expected true/false"):
+    with pytest.raises(ValueError, match=r"expected true/false.*got 'maybe'"):
         parse_bool("maybe")
+    # A value taken by mistake (the flag's value is optional) is not echoed: it may be a DSN.
+    with pytest.raises(ValueError) as refused:
+        parse_bool("postgresql://u:hunter2@db/app")
+    assert "hunter2" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
