@@ -89,7 +89,7 @@ class ProducerConfig:
     )
     snapshot_chunk_rows: int = setting(20_000, help="rows per snapshot chunk, at most")
     snapshot_chunk_bytes: int = setting(
-        64 * 1024 * 1024, help="and about this many bytes per chunk (TOASTed rows)"
+        64 * 1024 * 1024, help="bytes per snapshot chunk, about (TOASTed rows make smaller chunks)"
     )
     timestamptz_format: str = setting(
         TIMESTAMPTZ_MICROS,
@@ -106,9 +106,13 @@ class ProducerConfig:
     # A Kafka transaction is committed once it is this old, or holds this many events or bytes
     # (checked at source commits and every 1024 events; a big source transaction spans
     # several Kafka transactions, and the resume point records how far it got).
-    kafka_transaction_max_ms: int = setting(100, help="commit a Kafka transaction this old")
-    kafka_transaction_max_events: int = setting(100_000, help="or holding this many events")
-    kafka_transaction_max_bytes: int = setting(64 * 1024 * 1024, help="or holding this many bytes")
+    kafka_transaction_max_ms: int = setting(100, help="commit a Kafka transaction this old (ms)")
+    kafka_transaction_max_events: int = setting(
+        100_000, help="commit a Kafka transaction holding this many events"
+    )
+    kafka_transaction_max_bytes: int = setting(
+        64 * 1024 * 1024, help="commit a Kafka transaction holding this many bytes"
+    )
     kafka_transaction_timeout_ms: int = setting(
         60_000, help="the coordinator aborts a transaction this old"
     )
