@@ -101,7 +101,7 @@ def render_scalar(base: str, v: Any) -> str | None:
     return str(v)
 
 
-def _dims(shape: Any, n: int) -> str:
+def array_dims(shape: Any, n: int) -> str:
     if shape is None:
         return f"[1:{n}]" if n else ""
     return "".join(
@@ -118,7 +118,7 @@ def lake_text(col: ColumnInfo, row: dict[str, Any]) -> Any:
         if v is None:
             return None
         elements = [render_scalar(col.element, e) for e in v]
-        return _dims(row.get(col.lake + SHAPE), len(elements)) + "|" + json.dumps(elements)
+        return array_dims(row.get(col.lake + SHAPE), len(elements)) + "|" + json.dumps(elements)
     if v is None:
         special = row.get(col.lake + TEXT)
         if special is not None:
