@@ -168,12 +168,14 @@ def _by_key(rows: Iterable[Row], key: list[str]) -> dict[Any, Row]:
 
 def _estimated_rows(conn: psycopg.Connection[Any], table: Table) -> float:
     """pg_class's estimate over the table and its partitions (-1, never analyzed: from the size
-    at ~100 bytes a row). For the bucket count and the ETA only."""
+    at ~100 bytes a row; also when 0, as older versions say before ANALYZE). For the bucket count
+    and the ETA only."""
     row = conn.execute(
-        "SELECT sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples"
+        "SELECT sum(CASE WHEN c.reltuples > 0 THEN c.reltuples"
         " ELSE pg_relation_size(c.oid) / 100.0 END)"
-        " FROM pg_partition_tree(%s) p JOIN pg_class c ON c.oid = p.relid",
-        (_oid(conn, table),),
+        " FROM pg_class c WHERE c.oid = %(oid)s"
+        " OR c.oid IN (SELECT relid FROM pg_partition_tree(%(oid)s))",  # empty if not partitioned
+        {"oid": _oid(conn, table)},
     ).fetchone()
     return float(row[0] or 0) if row else 0.0
 
