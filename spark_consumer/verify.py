@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -63,6 +63,7 @@ class TableDiff:
     # What the lists above do not say: they were cut, or buckets differ that were not read, or
     # a bucket's checksum differs while its rows compared equal.
     notes: tuple[str, ...] = field(default=())
+    skipped: tuple[str, ...] = field(default=())  # columns not compared, with why
 
     @property
     def equal(self) -> bool:
@@ -111,7 +112,7 @@ def key_columns(conn: psycopg.Connection[Any], table: Table) -> list[str]:
 
 COLUMNS_SQL = """
 WITH RECURSIVE cols AS (
-    SELECT a.attnum, a.attname, a.atttypid AS typid FROM pg_attribute a
+    SELECT a.attnum, a.attname, a.atttypid AS typid, a.attgenerated FROM pg_attribute a
     WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ), base(attnum, typid, depth) AS (
     SELECT attnum, typid, 0 FROM cols
@@ -119,7 +120,7 @@ WITH RECURSIVE cols AS (
     SELECT b.attnum, t.typbasetype, b.depth + 1 FROM base b JOIN pg_type t ON t.oid = b.typid
     WHERE t.typtype = 'd'
 )
-SELECT c.attname, t.typname, e.typname AS element
+SELECT c.attname, t.typname, e.typname AS element, c.attgenerated <> '' AS generated
 FROM cols c
 JOIN LATERAL (SELECT typid FROM base WHERE base.attnum = c.attnum
               ORDER BY depth DESC LIMIT 1) b ON true
@@ -129,14 +130,45 @@ ORDER BY c.attnum
 """
 
 
-def columns(conn: psycopg.Connection[Any], table: Table) -> list[ColumnInfo]:
+def _publication_columns(
+    conn: psycopg.Connection[Any], table: Table, publication: str
+) -> set[str] | None:
+    """The columns the publication carries for `table` (its column list, PostgreSQL 15+), or
+    None when it names them all or the server has no column lists."""
+    if conn.info.server_version < 150000:
+        return None
+    row = conn.execute(
+        "SELECT attnames FROM pg_publication_tables"
+        " WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+        (publication, *table),
+    ).fetchone()
+    return None if row is None or row[0] is None else set(row[0])
+
+
+def columns(
+    conn: psycopg.Connection[Any], table: Table, publication: str | None = None
+) -> tuple[list[ColumnInfo], tuple[str, ...]]:
+    """The columns to compare, and the ones skipped with why: the stream carries neither
+    generated columns (PostgreSQL 15 does not publish them) nor columns outside a publication's
+    column list, so the lake rightly has none of them."""
     rows = conn.execute(COLUMNS_SQL, (_oid(conn, table),)).fetchall()
-    lake_names = field_names(tuple(r[0] for r in rows))
+    listed = None if publication is None else _publication_columns(conn, table, publication)
+    kept = []
+    skipped = []
+    for name, base, element, generated in rows:
+        if generated:
+            skipped.append(f"{name} (generated: not published)")
+        elif listed is not None and name not in listed:
+            skipped.append(f"{name} (not in the column list of publication {publication!r})")
+        else:
+            kept.append((name, base, element))
+    # Lake names come from the published columns only, as the producer's Avro schema does.
+    lake_names = field_names(tuple(r[0] for r in kept))
     out = []
-    for (name, base, element), lake in zip(rows, lake_names, strict=True):
+    for (name, base, element), lake in zip(kept, lake_names, strict=True):
         # An array's element may itself be a domain; its base name is good enough here.
         out.append(ColumnInfo(name, lake, base, element))
-    return out
+    return out, tuple(skipped)
 
 
 def diff(table: str, pg: Mapping[Any, Row], lake: Mapping[Any, Row], limit: int = 20) -> TableDiff:
@@ -319,11 +351,14 @@ def compare_table(
     spark: SparkSession,
     table: Table,
     lake_path: str,
+    publication: str | None = None,
     limit: int = 20,
 ) -> TableDiff:
     name = format_table(*table)
     key = key_columns(conn, table)
-    cols = columns(conn, table)
+    cols, skipped = columns(conn, table, publication)
+    if skipped:
+        log.info("verify %s: not compared: %s", name, ", ".join(skipped))
     if not cols:
         raise ConfigError(f"verify: table {name} has no columns to compare")
     key_index = [i for i, c in enumerate(cols) if c.name in key]
@@ -357,8 +392,9 @@ def compare_table(
         1 << bits,
     )
     if not differing:
-        return TableDiff(name, (), (), ())
-    return _drill(conn, df, table, cols, key, key_index, bits, differing, pg, lake, limit)
+        return TableDiff(name, (), (), (), skipped=skipped)
+    found = _drill(conn, df, table, cols, key, key_index, bits, differing, pg, lake, limit)
+    return replace(found, skipped=skipped)
 
 
 def _drill(
@@ -424,19 +460,21 @@ def run(config: VerifyConfig, spark: SparkSession) -> list[TableDiff]:
         for statement in SESSION:
             conn.execute(statement)
         for table in tables:
-            out.append(compare_table(conn, spark, table, lake_table_path(config.lake_path, *table)))
+            path = lake_table_path(config.lake_path, *table)
+            out.append(compare_table(conn, spark, table, path, config.publication))
     return out
 
 
 def report(diffs: list[TableDiff]) -> str:
     lines = []
     for d in diffs:
+        skipped = f" (not compared: {', '.join(d.skipped)})" if d.skipped else ""
         if d.equal:
-            lines.append(f"{d.table}: equal")
+            lines.append(f"{d.table}: equal{skipped}")
             continue
         lines.append(
             f"{d.table}: {len(d.missing)} missing, {len(d.extra)} extra, "
-            f"{len(d.different)} different (first 20 of each)"
+            f"{len(d.different)} different (first 20 of each){skipped}"
         )
         lines += [f"  missing {k}" for k in d.missing]
         lines += [f"  extra   {k}" for k in d.extra]

@@ -182,3 +182,15 @@ def test_oversized_bucket_is_named_not_read(monkeypatch: pytest.MonkeyPatch) -> 
     d = _drill(monkeypatch, sides, DRILL_BATCH_ROWS=50)
     assert sides.reads == [] and d.missing == ()
     assert len(d.notes) == 1 and "not read" in d.notes[0] and not d.equal
+
+
+def test_report_names_skipped_columns_and_notes() -> None:
+    equal = verify.TableDiff("public.g", (), (), (), skipped=("total (generated: not published)",))
+    cut = verify.TableDiff("public.t", (("1",),), (), (), notes=("stopped after reading 9",))
+    assert equal.equal and not cut.equal
+    assert verify.report([equal, cut]).splitlines() == [
+        "public.g: equal (not compared: total (generated: not published))",
+        "public.t: 1 missing, 0 extra, 0 different (first 20 of each)",
+        "  missing ('1',)",
+        "  note: stopped after reading 9",
+    ]
