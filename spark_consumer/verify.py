@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -244,10 +245,22 @@ def _lake_partition_sums(
 
 
 def lake_sums(
-    df: DataFrame, cols: list[ColumnInfo], key_index: list[int], bits: int, counter: Any
+    df: DataFrame,
+    cols: list[ColumnInfo],
+    key_index: list[int],
+    bits: int,
+    counter: Any,
+    group: str | None = None,
 ) -> checksum.Sums:
+    if group is not None:  # this thread's jobs, so that a failure on the other side stops them
+        df.sparkSession.sparkContext.setJobGroup(group, "walbridge verify", interruptOnCancel=True)
     sums = df.rdd.mapPartitions(partial(_lake_partition_sums, cols, key_index, bits, counter))
     return dict(sums.reduceByKey(checksum.add_sums).collect())
+
+
+def _cancel(conn: psycopg.Connection[Any], spark: SparkSession, group: str) -> None:
+    spark.sparkContext.cancelJobGroup(group)
+    conn.cancel_safe()
 
 
 def read_pg(
@@ -289,9 +302,10 @@ def read_lake(
     bits: int,
     buckets: list[int],
 ) -> dict[Any, Row]:
-    """The lake rows of `buckets` (the filter runs on the executors)."""
+    """The lake rows of `buckets` (the filter runs on the executors; at most a drill batch of
+    rows comes back, as the buckets' counts say)."""
     select = partial(_lake_partition_rows, cols, key_index, bits, frozenset(buckets))
-    return _by_key(df.rdd.mapPartitions(select).toLocalIterator(), key)
+    return _by_key(df.rdd.mapPartitions(select).collect(), key)
 
 
 # Canonical text forms on the PostgreSQL side (see verify_forms).
@@ -324,16 +338,21 @@ def _sums_with_progress(
     pg_side: Callable[[], checksum.Sums],
     lake_side: Callable[[], checksum.Sums],
     lake_rows: Callable[[], int],
+    cancel: Callable[[], None],
 ) -> tuple[checksum.Sums, checksum.Sums]:
     """Both sides' bucket sums at once, logging the lake side's progress (the slower one: rows
-    go through Python there) every PROGRESS_EVERY_S."""
+    go through Python there) every PROGRESS_EVERY_S. When one side fails, `cancel` stops the
+    other rather than waiting for a full scan whose result no longer matters."""
     started = time.monotonic()
     with ThreadPoolExecutor(2, thread_name_prefix="walbridge-verify") as pool:
         pg: Future[checksum.Sums] = pool.submit(pg_side)
         lake: Future[checksum.Sums] = pool.submit(lake_side)
         while True:
-            done, _ = wait((pg, lake), timeout=PROGRESS_EVERY_S)
-            if len(done) == 2 or any(f.exception() is not None for f in done):
+            done, _ = wait((pg, lake), timeout=PROGRESS_EVERY_S, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):
+                cancel()
+                break
+            if len(done) == 2:
                 break
             log.info(
                 "verify %s: lake %d of ~%.0f rows (%s); PostgreSQL %s",
@@ -368,14 +387,16 @@ def compare_table(
     bits = checksum.bucket_bits(estimate)
     df = _lake_frame(spark, lake_path)
     counter = spark.sparkContext.accumulator(0)
+    group = f"walbridge-verify-{uuid.uuid4().hex}"
     started = time.monotonic()
     log.info("verify %s: ~%.0f rows, %d buckets", name, estimate, 1 << bits)
     pg, lake = _sums_with_progress(
         name,
         estimate,
         lambda: pg_sums(conn, table, cols, key_index, bits),
-        lambda: {} if df is None else lake_sums(df, cols, key_index, bits, counter),
+        lambda: {} if df is None else lake_sums(df, cols, key_index, bits, counter, group),
         lambda: int(counter.value),
+        lambda: _cancel(conn, spark, group),
     )
     pg_rows = sum(n for n, _ in pg.values())
     elapsed = time.monotonic() - started

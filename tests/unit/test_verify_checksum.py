@@ -194,3 +194,39 @@ def test_report_names_skipped_columns_and_notes() -> None:
         "  missing ('1',)",
         "  note: stopped after reading 9",
     ]
+
+
+def test_a_failing_side_cancels_the_other() -> None:
+    import threading
+
+    cancelled = threading.Event()
+
+    def pg_side() -> checksum.Sums:
+        raise RuntimeError("relation does not exist")
+
+    def lake_side() -> checksum.Sums:
+        assert cancelled.wait(10), "the lake side was not cancelled"
+        raise RuntimeError("job cancelled")
+
+    with pytest.raises(RuntimeError, match="relation does not exist"):
+        verify._sums_with_progress("t", 0, pg_side, lake_side, lambda: 0, cancelled.set)
+    assert cancelled.is_set()
+
+
+def test_progress_is_logged_while_both_sides_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import time
+
+    monkeypatch.setattr(verify, "PROGRESS_EVERY_S", 0.05)
+
+    def slow() -> checksum.Sums:
+        time.sleep(0.3)
+        return {1: (2, 3)}
+
+    with caplog.at_level(logging.INFO, logger="walbridge.consumer"):
+        pg, lake = verify._sums_with_progress("s.t", 1000, lambda: {}, slow, lambda: 500, print)
+    assert pg == {} and lake == {1: (2, 3)}
+    assert "verify s.t: lake 500 of ~1000 rows (" in caplog.text
+    assert "ETA" in caplog.text and "PostgreSQL done" in caplog.text
