@@ -82,7 +82,7 @@ def fill_pg(db: psycopg.Connection, schema: str, rows: int) -> None:
     for start in range(1, rows + 1, step):
         db.execute(
             sql.SQL(
-                "INSERT INTO {} SELECT g, 'v' || g, ((g % 100000) / 100.0)::numeric(12,2),"
+                "INSERT INTO {} SELECT g, 'v' || g, ((g %% 100000) / 100.0)::numeric(12,2),"
                 " to_timestamp(%s + g) FROM generate_series(%s, %s) g"
             ).format(table),
             (EPOCH_2026, start, min(start + step - 1, rows)),
