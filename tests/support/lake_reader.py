@@ -1,6 +1,7 @@
 """The lake through an independent reader, delta-rs (not the Spark/Delta that wrote it): the
-progress table's rows, and a column's sum in a table at a version. The e2e invariant tests and
-the torture run (deploy/local/torture) check every progress snapshot with these."""
+progress table's rows, and a column's sum and the row count of a table at a version. The e2e
+invariant tests and the torture run (deploy/local/torture) check every progress snapshot with
+these."""
 
 from __future__ import annotations
 
@@ -10,27 +11,22 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 
-def table_rows(path: str, version: int) -> int:
-    """count(*) of the table at ``version`` (through delta-rs's query engine, as table_sum)."""
+def table_totals(path: str, version: int, column: str) -> tuple[int, int]:
+    """(sum(column), count(*)) of the table at ``version`` (sum 0 when empty), in one scan.
+    Through delta-rs's query engine: its plain pyarrow reader refuses deletion vectors, which
+    MERGEs into our tables write."""
     table = (
         QueryBuilder()
         .register("t", DeltaTable(path, version=version))
-        .execute("SELECT count(*) AS n FROM t")
+        .execute(f'SELECT coalesce(sum("{column}"), 0) AS total, count(*) AS n FROM t')
         .read_all()
     )
-    return int(table.column("n")[0].as_py())
+    return int(table.column("total")[0].as_py()), int(table.column("n")[0].as_py())
 
 
 def table_sum(path: str, version: int, column: str) -> int:
-    """sum(column) of the table at ``version`` (0 when empty). Through delta-rs's query engine:
-    its plain pyarrow reader refuses deletion vectors, which MERGEs into our tables write."""
-    table = (
-        QueryBuilder()
-        .register("t", DeltaTable(path, version=version))
-        .execute(f'SELECT coalesce(sum("{column}"), 0) AS total FROM t')
-        .read_all()
-    )
-    return int(table.column("total")[0].as_py())
+    """sum(column) of the table at ``version`` (0 when empty)."""
+    return table_totals(path, version, column)[0]
 
 
 def progress_rows(lake: str) -> list[dict[str, Any]]:

@@ -570,11 +570,7 @@ def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, A
         key = (table, version)
         if key not in cache:
             column = "delta" if table == "history" else "balance"
-            path = paths[table]
-            cache[key] = (
-                lake_reader.table_sum(path, version, column),
-                lake_reader.table_rows(path, version),
-            )
+            cache[key] = lake_reader.table_totals(paths[table], version, column)
         return cache[key]
 
     violations: list[str] = []
