@@ -204,17 +204,30 @@ def test_transactions_other_than_watermarks_tell_the_sizer_changes_stream(
     assert streamed == [1]
 
 
+KEYLESS = SnapshotTable(16385, "public", "k", "d", (Column(0, "v", 23, -1, False),), ())
+
+
+def _keyless_window(
+    monkeypatch: pytest.MonkeyPatch, sink: FakeSink
+) -> tuple[SnapshotCoordinator, Window]:
+    """A coordinator whose queue holds the table without a key, and the window it submitted."""
+    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n: KEYLESS)
+    monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 4)
+    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    FakeReader.windows = []
+    coord = _coordinator(sink)
+    coord.start({}, ["public.k"], [])
+    coord._enqueue("public.k")
+    coord.tick()
+    return coord, FakeReader.windows[-1]
+
+
 def test_a_second_low_watermark_of_a_keyless_window_forgets_rows_its_truncate_drops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A read retried after a lost connection commits its low watermark again; the truncate it
     brings (the table may hold rows) drops the rows streamed after the first one from readers,
     so they must not count against the rows read any more."""
-    keyless = SnapshotTable(16385, "public", "k", "d", (Column(0, "v", 23, -1, False),), ())
-    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n: keyless)
-    monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 3)
-    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
-    FakeReader.windows = []
 
     class Sink(FakeSink):
         truncates = 0
@@ -223,11 +236,7 @@ def test_a_second_low_watermark_of_a_keyless_window_forgets_rows_its_truncate_dr
             self.truncates += 1
 
     sink = Sink()
-    coord = _coordinator(sink)
-    coord.start({}, ["public.k"], [])
-    coord._enqueue("public.k")
-    coord.tick()
-    window = FakeReader.windows[-1]
+    coord, window = _keyless_window(monkeypatch, sink)
     assert window.whole
     low = watermark_content(window.id, Mark.LOW).encode()
     coord.on_message(WATERMARK_PREFIX, low, 10, True)
@@ -243,16 +252,11 @@ def test_the_last_row_is_marked_last_when_the_final_spooled_batch_is_all_dropped
     """A table without a key is published a spooled batch at a time; when every row of the
     final batch is dropped (an insert the read saw, at the heap's end), the row before them
     is still the snapshot's "last" (the contract's source.snapshot)."""
-    keyless = SnapshotTable(16385, "public", "k", "d", (Column(0, "v", 23, -1, False),), ())
-    codec = build_relation_codec(keyless.relation(), TypeCatalog(), "db.public.k")
-    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n: keyless)
-    monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 4)
-    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    codec = build_relation_codec(KEYLESS.relation(), TypeCatalog(), "db.public.k")
     # A batch per row (2-byte blocks), so the final batch holds only row 4.
     monkeypatch.setattr(
         coordinator_module, "spooled_batches", lambda spool: spooled_batches(spool, 2)
     )
-    FakeReader.windows = []
 
     class Sink(FakeSink):
         def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:
@@ -262,11 +266,7 @@ def test_the_last_row_is_marked_last_when_the_final_spooled_batch_is_all_dropped
             pass
 
     sink = Sink()
-    coord = _coordinator(sink)
-    coord.start({}, ["public.k"], [])
-    coord._enqueue("public.k")
-    coord.tick()
-    window = FakeReader.windows[-1]
+    coord, window = _keyless_window(monkeypatch, sink)
     window.spool = io.BytesIO(b"1\n2\n3\n4\n")
     window.read_snapshot = ReadSnapshot(100, 100, frozenset())  # saw every xid below 100
     window.bytes_read = 8
