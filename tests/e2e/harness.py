@@ -82,10 +82,8 @@ class Pipeline:
         committed in Kafka. The producer writes it only once the last chunk is acknowledged,
         so it can commit after the slot's confirmation (``wait_published``) and after /readyz
         stops saying "snapshotting"; a batch that should see the snapshot end waits for it."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.kafka}
-        creds = security.active()
-        if creds is not None:
-            conf |= parse_pairs(creds.consumer_kafka, "kafka")
+        cfg = self.config()  # the consumer's Kafka client settings (its principal, if secure)
+        conf = {**cfg.kafka_config, "bootstrap.servers": cfg.kafka_bootstrap}
         topic = snapshot_topic(self.prefix)
 
         def complete() -> bool:
