@@ -6,6 +6,11 @@ query), its version (twice) and its schema (a DataFrame over the table, three ti
 few rows per table, those reads were most of a table's cost in a batch touching hundreds of
 tables. One `DeltaLog.update()` answers all of them: a listing of the log directory, and the
 snapshot's metadata (from the version's checksum file when Delta wrote one).
+
+The file count comes from that checksum file too. `Snapshot.numOfFiles` rebuilds the version's
+whole file list (three small Spark jobs): on a warm local JVM it took 0.9-1.8 s for a
+14-version table against about a millisecond from the checksum, and it ran after every
+table's commit in every batch.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import DataType, StructType
@@ -59,5 +65,14 @@ def read(spark: SparkSession, path: str) -> LakeTable:
         version,
         StructType.fromJson(json.loads(metadata.schemaString())),
         {str(k): str(v) for k, v in config.items()},
-        int(snapshot.numOfFiles()),
+        _file_count(snapshot),
     )
+
+
+def _file_count(snapshot: Any) -> int:  # a Py4J handle on Delta's Snapshot
+    """The version's data files: from its checksum file (written with every commit by Delta's
+    default `writeChecksumFile.enabled`), else by rebuilding the file list."""
+    checksum = snapshot.checksumOpt()
+    if checksum.isDefined():
+        return int(checksum.get().numFiles())
+    return int(snapshot.numOfFiles())

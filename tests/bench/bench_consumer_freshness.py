@@ -11,6 +11,9 @@ batch function (BatchReport.steps) and of Spark's own trigger phases around it
 (StreamingQueryProgress.durationMs: latestOffset, walCommit, addBatch = the batch function,
 commitOffsets, triggerExecution = the whole trigger).
 
+The first --warmup seconds of load are applied and left out: a young JVM's first batches are slow
+and would make a one-off start-up cost look like steady-state freshness.
+
 Run:
   eval "$(deploy/local/stack env)"
   .walbridge/venv/bin/python tests/bench/bench_consumer_freshness.py --rate 1000 --seconds 60
@@ -25,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -71,6 +73,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--trigger", default=DEFAULT_TRIGGER)
     ap.add_argument("--per-tx", type=int, default=5, help="inserts per source transaction")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="seconds of the same load, applied and left out of the figures, before the timed"
+        " load: freshness is a steady-state figure, and a young JVM's first batches are not",
+    )
     args = ap.parse_args()
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     s = f"bench_fresh_{uuid.uuid4().hex[:8]}"
@@ -97,25 +106,30 @@ def main() -> None:
                 p.start_producer()
                 proc = p.processor(trigger=args.trigger, available_now=False)
                 query = start(spark, proc.config, proc)
-                box: list[int] = []
-                worker = threading.Thread(
-                    target=lambda: box.append(
-                        load(dsn, table, args.rate, args.seconds, args.per_tx)
-                    )
-                )
-                worker.start()
-                worker.join()
-                p.wait_published()
-                expected = box[0] * args.per_tx
-                deadline = time.monotonic() + 600
-                while time.monotonic() < deadline:
-                    done = sum(sum(r.changes_by_table.values()) for r in proc.reports)
-                    if done >= expected or query.exception() is not None:
-                        break
-                    time.sleep(2)
+
+                def applied() -> int:
+                    return sum(sum(r.changes_by_table.values()) for r in proc.reports)
+
+                def run_load(seconds: float, expected_before: int) -> int:
+                    """Runs the load, then waits until the lake has it all; returns the total."""
+                    committed = load(dsn, table, args.rate, seconds, args.per_tx)
+                    p.wait_published()
+                    expected = expected_before + committed * args.per_tx
+                    deadline = time.monotonic() + 600
+                    while applied() < expected and query.exception() is None:
+                        if time.monotonic() > deadline:
+                            raise SystemExit(f"the lake did not catch up: {applied()}/{expected}")
+                        time.sleep(0.5)
+                    return expected
+
+                warm = run_load(args.warmup, 0) if args.warmup > 0 else 0
+                first_report = len(proc.reports)
+                progress_seen = {prog.batchId for prog in query.recentProgress}
+                measured_from = time.time()
+                run_load(args.seconds, warm)
                 trigger_phases: dict[str, list[float]] = {}
                 for prog in query.recentProgress:
-                    if prog.numInputRows:
+                    if prog.numInputRows and prog.batchId not in progress_seen:
                         for k, v in json.loads(prog.json)["durationMs"].items():
                             trigger_phases.setdefault(k, []).append(v / 1000)
                 query.stop()
@@ -130,6 +144,7 @@ def main() -> None:
                 txs = (
                     spark.read.format("delta")
                     .load(f"{p.lake}/{schema}/{name}")
+                    .where(F.col("_ts_ms") >= int(measured_from * 1000))
                     .groupBy("_commit_lsn")
                     .agg(F.max("_ts_ms").alias("ts"))
                     .collect()
@@ -139,15 +154,17 @@ def main() -> None:
                 for t in txs:
                     visible = next(at for lsn, at in marks if lsn >= t["_commit_lsn"])
                     delays.append(visible - t["ts"] / 1000)
-                seconds = [r.seconds for r in proc.reports if not r.skipped]
+                reports = proc.reports[first_report:]
+                seconds = [r.seconds for r in reports if not r.skipped]
                 print(
                     f"{len(txs)} transactions ({len(txs) * args.per_tx} changes) at {args.rate:.0f} "
                     f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
                     f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
-                    f"batches, median batch {pct(seconds, 50):.1f} s"
+                    f"batches, median batch {pct(seconds, 50):.1f} s (after {args.warmup:.0f} s"
+                    " of warm-up load)"
                 )
                 steps: dict[str, list[float]] = {}
-                for r in proc.reports:
+                for r in reports:
                     if not r.skipped and r.applied_transactions:
                         for k, v in r.steps.items():
                             steps.setdefault(k, []).append(v)
