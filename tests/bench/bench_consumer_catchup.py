@@ -1,0 +1,202 @@
+"""Catch-up: the consumer started after the producer published a backlog of TPC-B-like
+transactions (issue 16). Through the whole real pipeline: PostgreSQL, the producer as a
+subprocess, Kafka, the consumer in this process with its default batch caps.
+
+Load: --transactions transactions of 5 changes over 4 tables, the shape of most OLTP work:
+money moved from one account to another (2 updates of `accounts`), the teller's and the
+branch's totals updated (1 update each), and a row in the keyless `history` table. They run
+inside PostgreSQL (a procedure committing each one) while the producer is stopped, so WAL holds
+the whole backlog when it starts.
+
+Reported, all from the same run:
+  - producer: changes/s from its start until the slot confirms the backlog (the baseline);
+  - consumer: changes/s from its start (a cold JVM's start included) until the lake has applied
+    the backlog, with the default batch caps (--max-offsets-per-trigger), and the ratio
+    consumer ÷ producer (target >= 1);
+  - the consumer's seconds per 100k transactions, first to last, and the largest and smallest
+    ÷ the median (target: flat within ±20 %: every step linear in its work);
+  - driver peak RSS during the catch-up ÷ its RSS idle just before, for the Python driver and
+    the JVM (in local mode the JVM also runs the executors; target < 2).
+
+Run:
+  eval "$(deploy/local/stack env)"
+  .walbridge/venv/bin/python tests/bench/bench_consumer_catchup.py --transactions 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spark_consumer.config import DEFAULT_TRIGGER
+from spark_consumer.session import build_session
+from spark_consumer.source import start
+from tests.bench.bench_verify import Peak
+from tests.e2e.harness import Pipeline
+from tests.support.producer_harness import sql
+
+CHANGES_PER_TX = 5
+
+
+def create(dsn: str, s: str) -> list[str]:
+    tables = [f"{s}.branches", f"{s}.tellers", f"{s}.accounts", f"{s}.history"]
+    sql(
+        dsn,
+        f"CREATE SCHEMA {s}",
+        f"CREATE TABLE {s}.branches (bid int PRIMARY KEY, bbalance bigint NOT NULL)",
+        f"CREATE TABLE {s}.tellers (tid int PRIMARY KEY, bid int NOT NULL, "
+        "tbalance bigint NOT NULL)",
+        f"CREATE TABLE {s}.accounts (aid int PRIMARY KEY, bid int NOT NULL, "
+        "abalance bigint NOT NULL, filler char(84))",
+        # Keyless, as pgbench's history: every change is an append in the lake.
+        f"CREATE TABLE {s}.history (tid int, bid int, aid int, delta int, mtime timestamptz)",
+        # One committed transaction per iteration (a procedure may COMMIT): the backlog is
+        # written at the database's own speed, without a client round trip per statement.
+        f"""CREATE PROCEDURE {s}.tpcb(n int, accounts int) LANGUAGE plpgsql AS $$
+        DECLARE a int; a2 int; t int; d int;
+        BEGIN
+          FOR i IN 1..n LOOP
+            a := 1 + floor(random() * accounts)::int;
+            a2 := 1 + floor(random() * accounts)::int;
+            t := 1 + floor(random() * 100)::int;
+            d := floor(random() * 10000)::int - 5000;
+            UPDATE {s}.accounts SET abalance = abalance - d WHERE aid = a;
+            UPDATE {s}.accounts SET abalance = abalance + d WHERE aid = a2;
+            UPDATE {s}.tellers SET tbalance = tbalance + d WHERE tid = t;
+            UPDATE {s}.branches SET bbalance = bbalance + d WHERE bid = 1 + (t - 1) / 10;
+            INSERT INTO {s}.history VALUES (t, 1 + (t - 1) / 10, a, d, now());
+            COMMIT;
+          END LOOP;
+        END $$""",
+    )
+    return tables
+
+
+def fill(dsn: str, s: str, accounts: int) -> None:
+    """The opening rows, written once the slot exists so that they stream like the rest."""
+    sql(
+        dsn,
+        f"INSERT INTO {s}.branches SELECT g, 0 FROM generate_series(1, 10) g",
+        f"INSERT INTO {s}.tellers SELECT g, 1 + (g - 1) / 10, 0 FROM generate_series(1, 100) g",
+        f"INSERT INTO {s}.accounts SELECT g, 1 + (g - 1) % 10, 0, '' "
+        f"FROM generate_series(1, {accounts}) g",
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--transactions", type=int, default=1_000_000)
+    ap.add_argument("--accounts", type=int, default=100_000)
+    ap.add_argument("--step", type=int, default=100_000, help="transactions per timed step")
+    args = ap.parse_args()
+    dsn = os.environ["WALBRIDGE_PG_DSN"]
+    s = f"bench_catchup_{uuid.uuid4().hex[:8]}"
+    tables = create(dsn, s)
+    spark = build_session("bench-consumer-catchup")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Pipeline(
+                spark,
+                dsn,
+                os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
+                os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"],
+                Path(tmp),
+                tables,
+                "benchcatchup",
+            )
+            try:
+                # The first start creates the slot; the opening rows stream then, and the
+                # consumer applies them with the backlog.
+                p.start_producer()
+                fill(dsn, s, args.accounts)
+                p.wait_published(600)
+                p.producer.stop()
+                t0 = time.perf_counter()
+                sql(
+                    dsn,
+                    "SET synchronous_commit = off",
+                    f"CALL {s}.tpcb({args.transactions}, {args.accounts})",
+                )
+                print(
+                    f"backlog: {args.transactions} transactions written in "
+                    f"{time.perf_counter() - t0:.0f} s",
+                    flush=True,
+                )
+                changes = args.transactions * CHANGES_PER_TX
+                t0 = time.perf_counter()
+                p.producer.start()
+                p.wait_published(3600)
+                producer_s = time.perf_counter() - t0
+                p.producer.stop()
+                print(
+                    f"producer: {changes} changes in {producer_s:.1f} s, "
+                    f"{changes / producer_s:,.0f} changes/s",
+                    flush=True,
+                )
+
+                proc = p.processor(trigger=DEFAULT_TRIGGER, available_now=True)
+                jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+                marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
+                with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
+                    t0 = time.perf_counter()
+                    query = start(spark, proc.config, proc)
+                    seen = 0
+                    while query.isActive:
+                        query.awaitTermination(1)
+                        for r in proc.reports[seen:]:
+                            total = (marks[-1][0] if marks else 0) + r.applied_transactions
+                            marks.append((total, time.perf_counter() - t0))
+                        seen = len(proc.reports)
+                    consumer_s = time.perf_counter() - t0
+                    if query.exception() is not None:
+                        raise SystemExit(f"the consumer failed: {query.exception()}")
+                applied = marks[-1][0] if marks else 0
+                # The opening rows (3 transactions) came before the backlog.
+                if applied < args.transactions:
+                    raise SystemExit(f"applied {applied} transactions of {args.transactions}")
+                print(
+                    f"consumer: {changes} changes in {consumer_s:.1f} s, "
+                    f"{changes / consumer_s:,.0f} changes/s over {len(marks)} batches; "
+                    f"ratio consumer ÷ producer {producer_s / consumer_s:.2f}",
+                    flush=True,
+                )
+                steps: list[float] = []
+                last_s, boundary = 0.0, args.step
+                for total, at in marks:
+                    while total >= boundary:
+                        steps.append(at - last_s)
+                        last_s, boundary = at, boundary + args.step
+                if steps:
+                    med = statistics.median(steps)
+                    print(
+                        f"seconds per {args.step:,} transactions, first to last: "
+                        + ", ".join(f"{x:.1f}" for x in steps)
+                        + f"; max ÷ median {max(steps) / med:.2f}, min ÷ median "
+                        f"{min(steps) / med:.2f} (the first includes the JVM's first batch)"
+                    )
+                for name in ("python", "jvm"):
+                    print(
+                        f"driver {name} RSS: {peak.before[name] / 1024:.0f} MB idle before, "
+                        f"peak {peak.peak[name] / 1024:.0f} MB during the catch-up, ratio "
+                        f"{peak.peak[name] / peak.before[name]:.2f}"
+                    )
+                p.assert_equal()
+                print("verify: the lake equals PostgreSQL")
+            finally:
+                p.close()
+    finally:
+        sql(dsn, f"DROP SCHEMA {s} CASCADE")
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
