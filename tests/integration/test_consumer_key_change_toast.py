@@ -55,3 +55,20 @@ def test_without_moved_columns_nothing_changes(spark: SparkSession) -> None:
     )
     lake = spark.createDataFrame([(1, 0, "L1", 0, 1, "c", 0)], LAKE)
     assert resolve_moved_toast(changes, lake, ("id",), ["big"]).collect() == changes.collect()
+
+
+def test_a_chain_of_key_changes_keeps_the_plan_small(spark: SparkSession) -> None:
+    # 1 -> 2 -> 3 -> 4 -> 5 in one batch: one hop per pass, MAX_PASSES passes. Each pass reads
+    # its input four times, so without a cut between passes the plan held 4^4 copies of the
+    # batch (a catch-up batch of the torture run ran the driver's heap out analysing it).
+    lake = spark.createDataFrame([(1, 0, "L1", 5, 1, "c", 0)], LAKE)
+    rows = []
+    for k in range(1, 5):
+        rows.append((k, None, None, 10 + k, 1, "d", 0, [], None))
+        rows.append((k + 1, 1, None, 10 + k, 2, "c", 0, ["big"], k))
+    changes = spark.createDataFrame(rows, CHANGES)
+    out = resolve_moved_toast(changes, lake, ("id",), ["big"])
+    got = {r.id: (r.big, list(r._unchanged_toast)) for r in out.filter("_op = 'c'").collect()}
+    assert got == {k: ("L1", []) for k in range(2, 6)}
+    leaves = out._jdf.queryExecution().analyzed().collectLeaves().size()
+    assert leaves <= 2, f"the resolved changes' plan has {leaves} leaves"
