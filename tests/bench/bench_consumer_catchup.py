@@ -10,9 +10,9 @@ the whole backlog when it starts.
 
 Reported, all from the same run:
   - producer: changes/s from its start until the slot confirms the backlog (the baseline);
-  - consumer: changes/s from its start (a cold JVM's start included) until the lake has applied
-    the backlog, with the default batch caps (--max-offsets-per-trigger), and the ratio
-    consumer ÷ producer (target >= 1);
+  - consumer: changes/s from its start until the lake has applied the backlog, run as
+    --available-now (the backlog in batches of the default caps, --max-offsets-per-trigger,
+    then stop) in a session already up, and the ratio consumer ÷ producer (target >= 1);
   - the consumer's seconds per 100k transactions, first to last, and the largest and smallest
     ÷ the median (target: flat within ±20 %: every step linear in its work);
   - driver peak RSS during the catch-up ÷ its RSS idle just before, for the Python driver and
@@ -36,7 +36,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spark_consumer.config import DEFAULT_TRIGGER
 from spark_consumer.session import build_session
 from spark_consumer.source import start
 from tests.bench.bench_verify import Peak
@@ -143,7 +142,7 @@ def main() -> None:
                     flush=True,
                 )
 
-                proc = p.processor(trigger=DEFAULT_TRIGGER, available_now=True)
+                proc = p.processor(trigger=None, available_now=True)
                 jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
                 marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
                 with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
