@@ -51,9 +51,10 @@ def resolve_moved_toast(
         # through the join), so without a cut the plan of pass k holds 4^k copies of the
         # batch's: a catch-up batch with chains of key changes (the torture run's renumbered
         # accounts) ran the driver's heap out while analysing pass 3. A local checkpoint
-        # materializes each pass (the count below needed that job anyway) and starts the next
-        # from its rows. It lives in the executors' block stores, not in reliable storage: an
-        # executor lost during the batch fails the batch, which then runs again from Kafka.
+        # computes each pass once (the count below and the next pass read its rows) and starts
+        # the next pass's plan from them. It lives in the executors' block stores, not in
+        # reliable storage: an executor lost during the batch fails the batch, which then runs
+        # again from Kafka.
         changes = _resolve_one_hop(changes, lake, key, toast_cols, moved_cond).localCheckpoint()
         still = changes.filter(moved_cond).count()
         if still == waiting:  # nothing more can be found; the MERGE's check names what is left
