@@ -583,6 +583,7 @@ class BatchProcessor:
             deletion_vectors=self.config.lake_deletion_vectors,
             lake=lake,
             handle=known.handle if isinstance(known, merge.Applied) else None,
+            commit_lsns=(lo, hi),
         )
         applied = merge.apply(self.spark, tc)
         self._lake[path] = applied

@@ -86,6 +86,9 @@ class TableChanges:
     pg_names: Mapping[str, str] = field(default_factory=dict)
     # Create the table with deletion vectors (ConsumerConfig.lake_deletion_vectors).
     deletion_vectors: bool = True
+    # (after, up to): the commit_lsn range of the batch's applied transactions, the changes'
+    # range; None: not known.
+    commit_lsns: tuple[int, int] | None = None
     # The table as the batch found it (one read of its log, or the state this job's own last
     # commit left); None: read it here.
     lake: LakeTable | None = None
@@ -560,15 +563,16 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> Target:
         changes = changes.filter(_after(point))
     rows = changes.filter(F.col(OP) != "t").dropDuplicates([COMMIT_LSN, TOTAL_ORDER])
     inserts = _insert_values(tc, target_cols)
-    (
-        table.alias("t")
-        .merge(
-            rows.alias("s"),
-            f"t.{COMMIT_LSN} = s.{COMMIT_LSN} AND t.{TOTAL_ORDER} = s.{TOTAL_ORDER}",
-        )
-        .whenNotMatchedInsert(values=inserts)
-        .execute()
-    )
+    on = f"t.{COMMIT_LSN} = s.{COMMIT_LSN} AND t.{TOTAL_ORDER} = s.{TOTAL_ORDER}"
+    if tc.commit_lsns is not None:
+        # Only rows of the same transactions can match (a replay's): a bound on the target
+        # lets Delta skip, by their commit_lsn statistics, every file older batches wrote.
+        # Without it the dedup join read the whole table in every batch, so a keyless log
+        # table (pgbench's history), which grows with every batch, made each batch's cost
+        # grow with all the history before it.
+        after, up_to = tc.commit_lsns
+        on += f" AND t.{COMMIT_LSN} > {int(after)} AND t.{COMMIT_LSN} <= {int(up_to)}"
+    table.alias("t").merge(rows.alias("s"), on).whenNotMatchedInsert(values=inserts).execute()
     return target
 
 
