@@ -124,9 +124,9 @@ def pg_field_sql(col: ColumnInfo) -> sql.Composable:
     if col.element is not None:
         return sql.SQL(
             "CASE WHEN {0} IS NULL THEN NULL ELSE coalesce(array_dims({0}), '') || '|' || "
-            "(SELECT coalesce(string_agg(coalesce(length(x::text)::text || ':' || x::text, "
+            "(SELECT coalesce(string_agg(coalesce(length({1})::text || ':' || {1}, "
             "'N'), '' ORDER BY n), '') FROM unnest({0}) WITH ORDINALITY AS u(x, n)) END"
-        ).format(c)
+        ).format(c, forms.pg_text(sql.Identifier("x"), col.element))
     return forms.pg_expression(col)
 
 

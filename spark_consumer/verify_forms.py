@@ -53,10 +53,19 @@ def pg_expression(col: ColumnInfo) -> sql.Composable:
     if col.element is not None:
         return sql.SQL(
             "CASE WHEN {0} IS NULL THEN NULL ELSE coalesce(array_dims({0}), '') || '|' || "
-            "(SELECT coalesce(json_agg(x::text ORDER BY n), '[]') "
+            "(SELECT coalesce(json_agg({1} ORDER BY n), '[]') "
             "FROM unnest({0}) WITH ORDINALITY AS u(x, n))::text END"
-        ).format(c)
-    return sql.SQL("{0}::text").format(c)
+        ).format(c, pg_text(sql.Identifier("x"), col.element))
+    return pg_text(c, col.base)
+
+
+def pg_text(value: sql.Composable, base: str) -> sql.Composable:
+    """The value's text as the stream carries it. A cast to text drops the blanks that pad a
+    char(n) value, but pgoutput sends the type's output, padded, and so the lake holds it:
+    concat() renders with the output function (and gives '' for NULL, hence the CASE)."""
+    if base == "bpchar":
+        return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE concat({0}) END").format(value)
+    return sql.SQL("{0}::text").format(value)
 
 
 def _fraction(micros: int) -> str:
