@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from spark_consumer.session import build_session
 from spark_consumer.source import start
 from tests.bench.bench_verify import Peak
-from tests.e2e.harness import Pipeline
+from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 
 CHANGES_PER_TX = 5
@@ -102,8 +102,9 @@ def main() -> None:
     spark = build_session("bench-consumer-catchup")
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Pipeline(
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            pipeline(
                 spark,
                 dsn,
                 os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
@@ -111,87 +112,89 @@ def main() -> None:
                 Path(tmp),
                 tables,
                 "benchcatchup",
+            ) as p,
+        ):
+            # The first start creates the slot; the opening rows stream then, and the
+            # consumer applies them with the backlog.
+            p.start_producer()
+            fill(dsn, s, args.accounts)
+            p.wait_published(600)
+            p.producer.stop()
+            t0 = time.perf_counter()
+            sql(
+                dsn,
+                "SET synchronous_commit = off",
+                f"CALL {s}.tpcb({args.transactions}, {args.accounts})",
             )
-            try:
-                # The first start creates the slot; the opening rows stream then, and the
-                # consumer applies them with the backlog.
-                p.start_producer()
-                fill(dsn, s, args.accounts)
-                p.wait_published(600)
-                p.producer.stop()
-                t0 = time.perf_counter()
-                sql(
-                    dsn,
-                    "SET synchronous_commit = off",
-                    f"CALL {s}.tpcb({args.transactions}, {args.accounts})",
-                )
-                print(
-                    f"backlog: {args.transactions} transactions written in "
-                    f"{time.perf_counter() - t0:.0f} s",
-                    flush=True,
-                )
-                changes = args.transactions * CHANGES_PER_TX
-                t0 = time.perf_counter()
-                p.producer.start()
-                p.wait_published(3600)
-                producer_s = time.perf_counter() - t0
-                p.producer.stop()
-                print(
-                    f"producer: {changes} changes in {producer_s:.1f} s, "
-                    f"{changes / producer_s:,.0f} changes/s",
-                    flush=True,
-                )
+            print(
+                f"backlog: {args.transactions} transactions written in "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
+            changes = args.transactions * CHANGES_PER_TX
+            t0 = time.perf_counter()
+            p.producer.start()
+            p.wait_published(3600)
+            producer_s = time.perf_counter() - t0
+            p.producer.stop()
+            print(
+                f"producer: {changes} changes in {producer_s:.1f} s, "
+                f"{changes / producer_s:,.0f} changes/s",
+                flush=True,
+            )
 
-                proc = p.processor(trigger=None, available_now=True)
-                jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
-                marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
-                with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
-                    t0 = time.perf_counter()
-                    query = start(spark, proc.config, proc)
-                    seen = 0
-                    while query.isActive:
-                        query.awaitTermination(1)
-                        for r in proc.reports[seen:]:
-                            total = (marks[-1][0] if marks else 0) + r.applied_transactions
-                            marks.append((total, time.perf_counter() - t0))
-                        seen = len(proc.reports)
-                    consumer_s = time.perf_counter() - t0
-                    if query.exception() is not None:
-                        raise SystemExit(f"the consumer failed: {query.exception()}")
-                applied = marks[-1][0] if marks else 0
-                # The opening rows (3 transactions) came before the backlog.
-                if applied < args.transactions:
-                    raise SystemExit(f"applied {applied} transactions of {args.transactions}")
+            proc = p.processor(trigger=None, available_now=True)
+            jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+            marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
+            with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
+                t0 = time.perf_counter()
+                query = start(spark, proc.config, proc)
+                seen = 0
+                while query.isActive:
+                    query.awaitTermination(1)
+                    for r in proc.reports[seen:]:
+                        total = (marks[-1][0] if marks else 0) + r.applied_transactions
+                        marks.append((total, time.perf_counter() - t0))
+                    seen = len(proc.reports)
+                consumer_s = time.perf_counter() - t0
+                if query.exception() is not None:
+                    raise SystemExit(f"the consumer failed: {query.exception()}")
+            applied = marks[-1][0] if marks else 0
+            # The opening rows (3 transactions) came before the backlog.
+            if applied < args.transactions:
+                raise SystemExit(f"applied {applied} transactions of {args.transactions}")
+            print(
+                f"consumer: {changes} changes in {consumer_s:.1f} s, "
+                f"{changes / consumer_s:,.0f} changes/s over {len(marks)} batches; "
+                f"ratio consumer ÷ producer {producer_s / consumer_s:.2f}",
+                flush=True,
+            )
+            # A step ends with the batch that crosses its boundary; a batch crossing several
+            # (batches larger than a step) shares its time among them.
+            steps: list[float] = []
+            last_s, boundary = 0.0, args.step
+            for total, at in marks:
+                crossed = 0
+                while total >= boundary:
+                    crossed, boundary = crossed + 1, boundary + args.step
+                steps += [(at - last_s) / crossed] * crossed if crossed else []
+                last_s = at if crossed else last_s
+            if steps:
+                med = statistics.median(steps)
                 print(
-                    f"consumer: {changes} changes in {consumer_s:.1f} s, "
-                    f"{changes / consumer_s:,.0f} changes/s over {len(marks)} batches; "
-                    f"ratio consumer ÷ producer {producer_s / consumer_s:.2f}",
-                    flush=True,
+                    f"seconds per {args.step:,} transactions, first to last: "
+                    + ", ".join(f"{x:.1f}" for x in steps)
+                    + f"; max ÷ median {max(steps) / med:.2f}, min ÷ median "
+                    f"{min(steps) / med:.2f} (the first includes the JVM's first batch)"
                 )
-                steps: list[float] = []
-                last_s, boundary = 0.0, args.step
-                for total, at in marks:
-                    while total >= boundary:
-                        steps.append(at - last_s)
-                        last_s, boundary = at, boundary + args.step
-                if steps:
-                    med = statistics.median(steps)
-                    print(
-                        f"seconds per {args.step:,} transactions, first to last: "
-                        + ", ".join(f"{x:.1f}" for x in steps)
-                        + f"; max ÷ median {max(steps) / med:.2f}, min ÷ median "
-                        f"{min(steps) / med:.2f} (the first includes the JVM's first batch)"
-                    )
-                for name in ("python", "jvm"):
-                    print(
-                        f"driver {name} RSS: {peak.before[name] / 1024:.0f} MB idle before, "
-                        f"peak {peak.peak[name] / 1024:.0f} MB during the catch-up, ratio "
-                        f"{peak.peak[name] / peak.before[name]:.2f}"
-                    )
-                p.assert_equal()
-                print("verify: the lake equals PostgreSQL")
-            finally:
-                p.close()
+            for name in ("python", "jvm"):
+                print(
+                    f"driver {name} RSS: {peak.before[name] / 1024:.0f} MB idle before, "
+                    f"peak {peak.peak[name] / 1024:.0f} MB during the catch-up, ratio "
+                    f"{peak.peak[name] / peak.before[name]:.2f}"
+                )
+            p.assert_equal()
+            print("verify: the lake equals PostgreSQL")
     finally:
         sql(dsn, f"DROP SCHEMA {s} CASCADE")
         spark.stop()

@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from spark_consumer.config import DEFAULT_TRIGGER
 from spark_consumer.session import build_session
 from spark_consumer.source import start
-from tests.e2e.harness import Pipeline
+from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 
 
@@ -92,8 +92,9 @@ def main() -> None:
     spark = build_session("bench-consumer-freshness")
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Pipeline(
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            pipeline(
                 spark,
                 dsn,
                 os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
@@ -101,85 +102,83 @@ def main() -> None:
                 Path(tmp),
                 [table],
                 "benchfresh",
+            ) as p,
+        ):
+            p.start_producer()
+            proc = p.processor(trigger=args.trigger, available_now=False)
+            query = start(spark, proc.config, proc)
+
+            def applied() -> int:
+                return sum(sum(r.changes_by_table.values()) for r in proc.reports)
+
+            def run_load(seconds: float, expected_before: int) -> int:
+                """Runs the load, then waits until the lake has it all; returns the total."""
+                committed = load(dsn, table, args.rate, seconds, args.per_tx)
+                p.wait_published()
+                expected = expected_before + committed * args.per_tx
+                deadline = time.monotonic() + 600
+                while applied() < expected and query.exception() is None:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"the lake did not catch up: {applied()}/{expected}")
+                    time.sleep(0.5)
+                return expected
+
+            warm = run_load(args.warmup, 0) if args.warmup > 0 else 0
+            first_report = len(proc.reports)
+            progress_seen = {prog.batchId for prog in query.recentProgress}
+            measured_from = time.time()
+            run_load(args.seconds, warm)
+            trigger_phases: dict[str, list[float]] = {}
+            for prog in query.recentProgress:
+                if prog.numInputRows and prog.batchId not in progress_seen:
+                    for k, v in json.loads(prog.json)["durationMs"].items():
+                        trigger_phases.setdefault(k, []).append(v / 1000)
+            query.stop()
+            progress = (
+                spark.read.format("delta")
+                .load(f"{p.lake}/_walbridge/progress")
+                .select("commit_lsn", F.col("applied_at").cast("double").alias("at"))
+                .orderBy("commit_lsn")
+                .collect()
             )
-            try:
-                p.start_producer()
-                proc = p.processor(trigger=args.trigger, available_now=False)
-                query = start(spark, proc.config, proc)
-
-                def applied() -> int:
-                    return sum(sum(r.changes_by_table.values()) for r in proc.reports)
-
-                def run_load(seconds: float, expected_before: int) -> int:
-                    """Runs the load, then waits until the lake has it all; returns the total."""
-                    committed = load(dsn, table, args.rate, seconds, args.per_tx)
-                    p.wait_published()
-                    expected = expected_before + committed * args.per_tx
-                    deadline = time.monotonic() + 600
-                    while applied() < expected and query.exception() is None:
-                        if time.monotonic() > deadline:
-                            raise SystemExit(f"the lake did not catch up: {applied()}/{expected}")
-                        time.sleep(0.5)
-                    return expected
-
-                warm = run_load(args.warmup, 0) if args.warmup > 0 else 0
-                first_report = len(proc.reports)
-                progress_seen = {prog.batchId for prog in query.recentProgress}
-                measured_from = time.time()
-                run_load(args.seconds, warm)
-                trigger_phases: dict[str, list[float]] = {}
-                for prog in query.recentProgress:
-                    if prog.numInputRows and prog.batchId not in progress_seen:
-                        for k, v in json.loads(prog.json)["durationMs"].items():
-                            trigger_phases.setdefault(k, []).append(v / 1000)
-                query.stop()
-                progress = (
-                    spark.read.format("delta")
-                    .load(f"{p.lake}/_walbridge/progress")
-                    .select("commit_lsn", F.col("applied_at").cast("double").alias("at"))
-                    .orderBy("commit_lsn")
-                    .collect()
+            schema, name = table.split(".")
+            txs = (
+                spark.read.format("delta")
+                .load(f"{p.lake}/{schema}/{name}")
+                .where(F.col("_ts_ms") >= int(measured_from * 1000))
+                .groupBy("_commit_lsn")
+                .agg(F.max("_ts_ms").alias("ts"))
+                .collect()
+            )
+            marks = [(r["commit_lsn"], r["at"]) for r in progress]
+            delays = []
+            for t in txs:
+                visible = next(at for lsn, at in marks if lsn >= t["_commit_lsn"])
+                delays.append(visible - t["ts"] / 1000)
+            reports = proc.reports[first_report:]
+            seconds = [r.seconds for r in reports if not r.skipped]
+            print(
+                f"{len(txs)} transactions ({len(txs) * args.per_tx} changes) at {args.rate:.0f} "
+                f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
+                f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
+                f"batches, median batch {pct(seconds, 50):.1f} s (after {args.warmup:.0f} s"
+                " of warm-up load)"
+            )
+            steps: dict[str, list[float]] = {}
+            for r in reports:
+                if not r.skipped and r.applied_transactions:
+                    for k, v in r.steps.items():
+                        steps.setdefault(k, []).append(v)
+            print(
+                "batch function, median s per step: "
+                + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items())
+            )
+            print(
+                "Spark trigger phases (batches with input), median s: "
+                + ", ".join(
+                    f"{k} {statistics.median(v):.2f}" for k, v in sorted(trigger_phases.items())
                 )
-                schema, name = table.split(".")
-                txs = (
-                    spark.read.format("delta")
-                    .load(f"{p.lake}/{schema}/{name}")
-                    .where(F.col("_ts_ms") >= int(measured_from * 1000))
-                    .groupBy("_commit_lsn")
-                    .agg(F.max("_ts_ms").alias("ts"))
-                    .collect()
-                )
-                marks = [(r["commit_lsn"], r["at"]) for r in progress]
-                delays = []
-                for t in txs:
-                    visible = next(at for lsn, at in marks if lsn >= t["_commit_lsn"])
-                    delays.append(visible - t["ts"] / 1000)
-                reports = proc.reports[first_report:]
-                seconds = [r.seconds for r in reports if not r.skipped]
-                print(
-                    f"{len(txs)} transactions ({len(txs) * args.per_tx} changes) at {args.rate:.0f} "
-                    f"changes/s, trigger {args.trigger!r}: freshness p50 {pct(delays, 50):.1f} s,"
-                    f" p99 {pct(delays, 99):.1f} s, max {max(delays):.1f} s; {len(seconds)} "
-                    f"batches, median batch {pct(seconds, 50):.1f} s (after {args.warmup:.0f} s"
-                    " of warm-up load)"
-                )
-                steps: dict[str, list[float]] = {}
-                for r in reports:
-                    if not r.skipped and r.applied_transactions:
-                        for k, v in r.steps.items():
-                            steps.setdefault(k, []).append(v)
-                print(
-                    "batch function, median s per step: "
-                    + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in steps.items())
-                )
-                print(
-                    "Spark trigger phases (batches with input), median s: "
-                    + ", ".join(
-                        f"{k} {statistics.median(v):.2f}" for k, v in sorted(trigger_phases.items())
-                    )
-                )
-            finally:
-                p.close()
+            )
     finally:
         sql(dsn, f"DROP SCHEMA {s} CASCADE")
         spark.stop()
