@@ -8,10 +8,14 @@ so a small batch does not pay for a dozen separate aggregations.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
@@ -33,6 +37,8 @@ from spark_consumer.columns import (
 )
 from spark_consumer.reassembly import MarkerStats, TableStats
 
+# Summary rows converted to Python objects at a time (transaction_stats.collect).
+_SLICE_ROWS = 16_384
 NOT_DECODED = "Avro body does not decode with its writer schema"
 NO_TRANSACTION = "data event without transaction block or commit_lsn"
 
@@ -120,6 +126,47 @@ def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
     )
 
 
+def _nonempty(array: Column) -> Column:
+    return F.when(F.size(array) > 0, array)
+
+
+# Strings repeated across the summary's rows: converted through a dictionary, one Python
+# object per distinct value (a table's name, or a transaction's id on its few rows).
+_REPEATED = ("kind", "tx", "coll", "topic")
+
+
+def _columns(part: pa.RecordBatch) -> dict[str, list[Any]]:
+    """A slice of the summary as Python lists, one per column. Column by column: pyarrow's
+    row-wise conversion (and PySpark's Rows before it) cost about 20 µs per summary row."""
+    out: dict[str, list[Any]] = {}
+    for name in part.schema.names:
+        column = part.column(name)
+        if name in _REPEATED:
+            encoded = pc.dictionary_encode(column)
+            values = [sys.intern(v) for v in encoded.dictionary.to_pylist()]
+            out[name] = [None if j is None else values[j] for j in _pylist(encoded.indices)]
+        else:
+            out[name] = _pylist(column)
+    return out
+
+
+def _pylist(column: pa.Array) -> list[Any]:
+    """`column.to_pylist()`, faster for what most of the summary is: all-null columns, and
+    integers and booleans (through numpy: pyarrow makes a scalar per value, ~0.6 µs each)."""
+    n = len(column)
+    if column.null_count == n:
+        return [None] * n
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
+        return column.to_pylist()
+    filler = False if pa.types.is_boolean(kind) else 0
+    values: list[Any] = pc.fill_null(column, filler).to_numpy(zero_copy_only=False).tolist()
+    if column.null_count:
+        valid = column.is_valid().to_numpy(zero_copy_only=False).tolist()
+        values = [v if ok else None for v, ok in zip(values, valid, strict=True)]
+    return values
+
+
 def collect(
     tables: Sequence[tuple[DataFrame, str | None]],
     markers: DataFrame,
@@ -144,9 +191,12 @@ def collect(
             F.min("seen").alias("seen"),
             F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
             F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
-            # Most events leave no TOAST value unchanged: collect only the non-empty lists.
-            F.array_distinct(
-                F.flatten(F.collect_set(F.when(F.size("toast") > 0, F.col("toast"))))
+            # Most events leave no TOAST value unchanged: collect only the non-empty lists,
+            # and null where none is (cheaper to bring back than an empty list).
+            _nonempty(
+                F.array_distinct(
+                    F.flatten(F.collect_set(F.when(F.size("toast") > 0, F.col("toast"))))
+                )
             ).alias("toast"),
             F.min("k_long").alias("kl_min"),
             F.max("k_long").alias("kl_max"),
@@ -159,51 +209,72 @@ def collect(
             F.max(end).alias("has_end"),
             F.max(F.when(end, F.col("dcs"))).alias("dcs"),
             F.max("ts").alias("ts"),
-            F.min(F.struct("part", "off")).alias("first"),
+            # Where the error message points: only for records that can't be used.
+            F.when(F.col("bad").isNotNull(), F.min("part")).alias("first_part"),
+            F.when(F.col("bad").isNotNull(), F.min(F.struct("part", "off"))["off"]).alias(
+                "first_off"
+            ),
         )
-        .collect()
+        # As Arrow, converted a slice at a time: a catch-up batch brings back ~200k of these
+        # rows, and as pickled Rows (built one by one, each field looked up by name) they took
+        # about 10 s of the driver's Python per batch and peaked at ~500 MB; converting all of
+        # them to Python lists at once held several hundred MB as well.
+        .toArrow()
     )
     data: list[TableStats] = []
     marks: list[MarkerStats] = []
-    bad: list[BadRecord] = []
-    for r in agg:
-        seen = now_ms if r["seen"] is None else r["seen"]
-        if r["bad"] is not None:
-            bad.append(
-                BadRecord(r["topic"], r["first"]["part"], r["first"]["off"], r["bad"], r["records"])
-            )
-        elif r["kind"] == "d":
-            low = r["kl_min"] if r["kl_min"] is not None else r["ks_min"]
-            high = r["kl_max"] if r["kl_max"] is not None else r["ks_max"]
-            if r["k_null"]:
-                low = high = None
-            data.append(
-                TableStats(
-                    tx_id=r["tx"],
-                    collection=r["coll"],
-                    topic=r["topic"],
-                    commit_lsn=r["lsn"],
-                    events=r["events"],
-                    records=r["records"],
-                    first_seen_ms=seen,
-                    truncate_order=r["t_ord"],
-                    truncates=r["truncates"],
-                    toast_columns=frozenset(r["toast"] or ()),
-                    key_min=low,
-                    key_max=high,
-                    only_inserts=not r["not_insert"],
+    bad = [
+        BadRecord(r["topic"], r["first_part"], r["first_off"], r["bad"], r["records"])
+        for r in agg.filter(pc.is_valid(agg["bad"])).to_pylist()
+    ]
+    usable_rows = agg.filter(pc.is_null(agg["bad"]))
+    for part in usable_rows.to_batches(max_chunksize=_SLICE_ROWS):
+        col = _columns(part)
+        for i in range(part.num_rows):
+            seen = col["seen"][i]
+            if seen is None:
+                seen = now_ms
+            if col["kind"][i] == "d":
+                if col["k_null"][i]:
+                    low = high = None
+                elif col["kl_min"][i] is not None:
+                    low, high = col["kl_min"][i], col["kl_max"][i]
+                else:
+                    low, high = col["ks_min"][i], col["ks_max"][i]
+                toast = col["toast"][i]
+                data.append(
+                    TableStats(
+                        tx_id=col["tx"][i],
+                        collection=col["coll"][i],
+                        topic=col["topic"][i],
+                        commit_lsn=col["lsn"][i],
+                        events=col["events"][i],
+                        records=col["records"][i],
+                        first_seen_ms=seen,
+                        truncate_order=col["t_ord"][i],
+                        truncates=col["truncates"][i],
+                        toast_columns=frozenset(toast) if toast else frozenset(),
+                        key_min=low,
+                        key_max=high,
+                        only_inserts=not col["not_insert"][i],
+                    )
                 )
-            )
-        else:
-            expected = {
-                d["data_collection"]: d["event_count"]
-                for d in (r["dcs"] or ())
-                if d["data_collection"] != message_collection
-            }
-            marks.append(
-                MarkerStats(
-                    r["tx"], r["lsn"], bool(r["has_end"]), expected, r["records"], seen, r["ts"]
+            else:
+                expected = {
+                    sys.intern(d["data_collection"]): d["event_count"]
+                    for d in (col["dcs"][i] or ())
+                    if d["data_collection"] != message_collection
+                }
+                marks.append(
+                    MarkerStats(
+                        col["tx"][i],
+                        col["lsn"][i],
+                        bool(col["has_end"][i]),
+                        expected,
+                        col["records"][i],
+                        seen,
+                        col["ts"][i],
+                    )
                 )
-            )
     bad.sort(key=lambda b: (b.topic, b.partition, b.offset))
     return data, marks, bad

@@ -187,6 +187,17 @@ def main() -> None:
                     + f"; max ÷ median {max(steps) / med:.2f}, min ÷ median "
                     f"{min(steps) / med:.2f} (the first includes the JVM's first batch)"
                 )
+            # Where the batches' time went, step by step (BatchReport.steps), summed over
+            # the run: what to cut next.
+            totals: dict[str, float] = {}
+            for r in proc.reports:
+                for name, secs in r.steps.items():
+                    totals[name] = totals.get(name, 0.0) + secs
+            batch_s = sum(r.seconds for r in proc.reports)
+            print(
+                f"batch time per step, summed over {len(proc.reports)} batches ({batch_s:.0f} s): "
+                + ", ".join(f"{n} {v:.0f} s" for n, v in totals.items())
+            )
             for name in ("python", "jvm"):
                 print(
                     f"driver {name} RSS: {peak.before[name] / 1024:.0f} MB idle before, "
