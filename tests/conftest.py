@@ -46,20 +46,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the session starts on free ports in its own state directory; only the tests marked "
         "secure_stack run",
     )
-    parser.addoption(
-        "--torture",
-        action="store_true",
-        help="also run the 3-cycle torture run (tests/e2e/test_e2e_torture.py, marked torture)",
-    )
-
-
-# Why the torture run is opt-in, in the skip reason every run of the suite prints (-ra): it has
-# passed alone, not yet at the end of the whole suite (issue 20 stays open on it).
-TORTURE_OPT_IN = (
-    "opt-in with --torture: the 3-cycle torture run passed alone on a fresh test stack (7 min), "
-    "not yet after the whole suite, whose topics its broker kill makes Kafka reload "
-    "(README, 'Development')"
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,10 +54,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).relative_to(ROOT).parts
         if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, parts[1]))
-    if not config.getoption("--torture"):
-        for item in items:
-            if item.get_closest_marker("torture"):
-                item.add_marker(pytest.mark.skip(reason=TORTURE_OPT_IN))
     if config.getoption("--secure-stack"):
         # Tests that stop services or speak plaintext Kafka themselves are not marked.
         keep = [i for i in items if i.get_closest_marker("secure_stack")]
