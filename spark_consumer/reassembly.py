@@ -25,8 +25,8 @@ from spark_consumer.errors import TransactionError
 Point = tuple[int, int]  # (commit_lsn, total_order): the dedup and ordering key
 
 
-# slots: a catch-up batch holds ~200k of these records in the driver; without a __dict__
-# each takes about half the memory.
+# slots: a catch-up batch holds ~185k of these records in the driver; with a __dict__ each
+# took 352 bytes, without 136.
 @dataclass(frozen=True, slots=True)
 class TableStats:
     """Data events of one transaction on one table, as aggregated from the batch."""
