@@ -15,6 +15,7 @@ Reported, all from the same run:
     then stop) in a session already up, and the ratio consumer ÷ producer (target >= 1);
   - the consumer's seconds per 100k transactions, first to last, and the largest and smallest
     ÷ the median (target: flat within ±20 %: every step linear in its work);
+  - the batches' time per step (framing, decode+summary, merge, pending, ...), summed;
   - driver peak RSS during the catch-up ÷ its RSS idle just before, for the Python driver and
     the JVM (in local mode the JVM also runs the executors; target < 2).
 
