@@ -84,6 +84,8 @@ def _run(config: ConsumerConfig, env: Mapping[str, str]) -> int:
         # or the transaction.
         print(f"walbridge-consumer: stopped: {exc.getMessage()}", file=sys.stderr)
         return 1
+    finally:
+        processor.close()
     return 0
 
 

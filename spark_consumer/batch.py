@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from schemas import snapshot_state
 from schemas.topics import TopicKind, classify, message_topic, snapshot_topic, transaction_topic
 from spark_consumer import (
+    checkpoints,
     codegen_stable,
     lake_state,
     merge,
@@ -145,12 +146,17 @@ class BatchProcessor:
         # used (this job is the only writer, so neither changes behind its back). Filled by
         # the first read of a table's log, dropped whole when a batch fails.
         self._lake: dict[str, merge.Applied | lake_state.LakeTable] = {}
+        self.checkpoints = checkpoints.Checkpointer(spark)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         report = self.process(batch, batch_id)
         self.reports.append(report)
         if self.metrics is not None:
             self.metrics.observe_batch(report, self.clock_ms())
+
+    def close(self) -> None:
+        """Let the Delta checkpoint in progress finish (the others wait for the next run)."""
+        self.checkpoints.close()
 
     def _decode(self, rows: DataFrame, schema_text: str) -> DataFrame:
         if self.config.decoder is Decoder.FASTAVRO:
@@ -518,6 +524,14 @@ class BatchProcessor:
             before.batch_id >= 0,  # a progress row was read or written: the table exists
         )
         step("progress")
+        written = [
+            cfg.table_path(tables[w.topic].info.schema, tables[w.topic].info.table)
+            for w in plan.tables
+        ]
+        written += [cfg.progress_path] + ([cfg.pending_path] if pending_version is not None else [])
+        if quarantined and cfg.quarantine_path:
+            written.append(cfg.quarantine_path)
+        self.checkpoints.request(written)
         return after, BatchReport(
             batch_id=batch_id,
             commit_lsn=plan.watermark_after,

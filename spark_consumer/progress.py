@@ -13,13 +13,16 @@ resumes from the state of the last completed batch.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    DecimalType,
     DoubleType,
     LongType,
     MapType,
@@ -87,6 +90,27 @@ def merge_offsets(
     return out
 
 
+# Spark writes integer, double and timestamp literals into the Java source it generates, and
+# caches compiled classes by that source; decimal and string literals reach the code by
+# reference. Adding the one-row range's `id` (0) keeps the optimizer from folding the sum back
+# into a literal of the result type.
+_EXACT = DecimalType(38, 0)
+_AGE = DecimalType(38, 6)
+
+
+def _long(value: int | None) -> Column:
+    if value is None:
+        return F.lit(None).cast(LongType())
+    return (F.col("id").cast(_EXACT) + F.lit(Decimal(value)).cast(_EXACT)).cast(LongType())
+
+
+def _double(value: float | None) -> Column:
+    if value is None:
+        return F.lit(None).cast(DoubleType())
+    age = Decimal(value).quantize(Decimal("0.000001"))
+    return (F.col("id").cast(_AGE) + F.lit(age).cast(_AGE)).cast(DoubleType())
+
+
 def append(
     spark: SparkSession,
     path: str,
@@ -103,26 +127,29 @@ def append(
     if not exists and not DeltaTable.isDeltaTable(spark, path):
         # Created from the schema: the literal row below does not carry its nullability.
         DeltaTable.createIfNotExists(spark).location(path).addColumns(PROGRESS_SCHEMA).execute()
+    # One row built in the JVM: createDataFrame from Python rows runs its task in a Python
+    # worker, and starting one (when none is up) added about a second to a batch. Its values
+    # are data of the row, not literals (`_long`): a row of literals compiled two new classes
+    # every batch (see codegen_stable.py for what that costs).
+    one = spark.range(1)
     versions = [
         c
         for name, version in sorted(progress.table_versions.items())
-        for c in (F.lit(name), F.lit(version))
+        for c in (F.lit(name), _long(version))
     ]
     values = {
-        "batch_id": F.lit(batch_id),
-        "commit_lsn": F.lit(progress.commit_lsn),
+        "batch_id": _long(batch_id),
+        "commit_lsn": _long(progress.commit_lsn),
         "table_versions": F.create_map(*versions),
         "kafka_offsets": F.lit(json.dumps(progress.kafka_offsets, sort_keys=True)),
-        "applied_at": F.current_timestamp(),
-        "pending_version": F.lit(progress.pending_version),
-        "applied_transactions": F.lit(applied_transactions),
-        "pending_transactions": F.lit(pending_transactions),
-        "pending_oldest_age_s": F.lit(pending_oldest_age_s),
+        "applied_at": F.timestamp_micros(_long(time.time_ns() // 1000)),
+        "pending_version": _long(progress.pending_version),
+        "applied_transactions": _long(applied_transactions),
+        "pending_transactions": _long(pending_transactions),
+        "pending_oldest_age_s": _double(pending_oldest_age_s),
         "snapshotting": F.array(*[F.lit(t) for t in (snapshotting or [])]),
     }
-    # One row of literals, built in the JVM: createDataFrame from Python rows runs its task in
-    # a Python worker, and starting one (when none is up) added about a second to a batch.
-    row = spark.range(1).select(
+    row = one.select(
         *[values[f.name].cast(f.dataType).alias(f.name) for f in PROGRESS_SCHEMA.fields]
     )
     # No Delta transaction id (txnAppId) on this write: checking one reads the table's whole

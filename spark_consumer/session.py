@@ -16,7 +16,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from spark_consumer import object_store
+from spark_consumer import checkpoints, object_store
 from spark_consumer.config import SparkSettings
 
 SCALA_BINARY = "2.13"
@@ -97,6 +97,10 @@ def build_session(
         # Delta's own defaults favour big clusters; these keep small local runs fast.
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.databricks.delta.optimizeWrite.enabled", "false")
+        # New tables never checkpoint inside a commit: the consumer writes their checkpoints
+        # on a background thread (checkpoints.py), so every tenth commit stops costing a batch
+        # several seconds.
+        .config(checkpoints.DEFAULTS_CONF, str(checkpoints.IN_COMMIT_INTERVAL))
         # merge.py caches every MERGE source that is read more than once (in memory, spilling
         # to disk) before the MERGE; the other MERGEs are insert-only and read theirs once.
         # Delta's own copy (to disk by default) would be a second one.

@@ -170,3 +170,16 @@ def test_merge_refuses_a_name_that_could_leave_its_quotes(name: str) -> None:
     with pytest.raises(ApplyError) as err:
         check_names("public.t", ["id", name])
     assert "public.t" in str(err.value) and repr(name) in str(err.value)
+
+
+def test_checkpoint_due_every_ten_versions_past_the_last() -> None:
+    from spark_consumer.checkpoints import due
+
+    assert not due(9, -1)
+    assert due(10, -1)
+    assert not due(19, 10)
+    assert due(20, 10)
+    assert due(25, 10)
+    assert not due(11, 11)
+    assert due(12, 2, every=10)
+    assert due(3, -1, every=3)
