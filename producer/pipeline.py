@@ -193,16 +193,16 @@ class Pipeline:
                 control.confirm_unpublished_wal()
         self.snapshots.on_confirmed(self.client.confirmed_lsn)
         control.report_idle()
-        self._snapshot_tick()
+        self._snapshot_tick(quiet=True)
         control.heartbeat_if_due()
 
-    def _snapshot_tick(self) -> None:
-        """Snapshot housekeeping between transactions; with --snapshot initial-only, stop once
-        every snapshot is done and acknowledged."""
+    def _snapshot_tick(self, quiet: bool = False) -> None:
+        """Snapshot housekeeping between transactions (``quiet``: the stream has nothing to
+        read); with --snapshot initial-only, stop once every snapshot is done and acknowledged."""
         snap = self.snapshots
         idle = self.emitter.tx is None
         if idle:
-            snap.tick()
+            snap.tick(quiet)
         self.health.activity = snap.describe()
         if (
             self.config.snapshot == "initial-only"

@@ -47,6 +47,7 @@ from producer.replication import (
 )
 from producer.snapshot import catalog as snapshot_catalog
 from producer.snapshot.coordinator import SnapshotCoordinator
+from producer.snapshot.pacing import SendDelay
 from producer.sql_session import SqlSession
 from producer.stopping import StopFlag
 from producer.tables import TableRoutes, table_topics
@@ -228,9 +229,11 @@ def _build(
     # Snapshot state before the slot: a new slot's tables are recorded as to be read (and
     # acknowledged by Kafka) before the slot exists, so a crash in between can't leave a slot
     # whose existing rows nobody reads.
+    delay = SendDelay()
     snapshots, initial_needed = _start_snapshots(
-        cfg, c.topics, sql, sink, eot, emitter, metrics, stop
-    )
+        cfg, c.topics, sql, sink, eot, emitter, metrics, stop,
+        lambda: delay.delay_s(client.last_send_time) if client.last_send_time else None,
+    )  # fmt: skip
     opened.callback(snapshots.stop)
     emitter.watch(snapshots)
     health.activity = snapshots.describe()
@@ -353,6 +356,7 @@ def _start_snapshots(
     emitter: EventEmitter,
     metrics: Metrics,
     stop: StopFlag,
+    stream_delay: Callable[[], float | None],
 ) -> tuple[SnapshotCoordinator, bool]:
     """The snapshot coordinator, with the resume records read from Kafka; True when the slot
     is new and the initial snapshot was queued."""
@@ -377,6 +381,7 @@ def _start_snapshots(
         chunk_bytes=cfg.snapshot_chunk_bytes,
         auto_new_tables=cfg.snapshot != "never",
         metrics=metrics,
+        stream_delay=stream_delay,
     )
     snapshots.start(states, published, initial)
     if initial:

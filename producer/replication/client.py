@@ -205,6 +205,11 @@ class ReplicationClient:
         return self._require_stream().last_keepalive
 
     @property
+    def last_send_time(self) -> int:
+        """The server's send time of the last message read (PostgreSQL epoch microseconds)."""
+        return self._require_stream().last_send_time
+
+    @property
     def last_keepalive_at(self) -> float | None:
         return self._require_stream().last_keepalive_at
 

@@ -58,6 +58,9 @@ class ReplicationStream:
         self._sleep = sleep
         self._confirmed = 0
         self._server_wal_end = 0
+        # The server's send time of the last message handed out (its clock, PostgreSQL epoch
+        # microseconds; 0: none yet): how far behind the stream reads (snapshot pacing).
+        self.last_send_time = 0
         self._last_keepalive: Keepalive | None = None
         self._last_keepalive_at: float | None = None
         self._next_status_at = 0.0
@@ -192,7 +195,7 @@ class ReplicationStream:
                             split_xlogdata(frame)  # raises the short-frame error
                         except ReplicationError as exc:
                             raise self._protocol_error(exc.detail) from exc
-                    wal_start, wal_end, _send_time = unpack_header(frame, 1)
+                    wal_start, wal_end, self.last_send_time = unpack_header(frame, 1)
                     if wal_end > self._server_wal_end:
                         self._server_wal_end = wal_end
                     yield frame[XLOGDATA_PAYLOAD_OFFSET:], wal_start, wal_end
@@ -231,6 +234,7 @@ class ReplicationStream:
     def _on_keepalive(self, keepalive: Keepalive) -> None:
         self._last_keepalive = keepalive
         self._last_keepalive_at = self._clock()
+        self.last_send_time = keepalive.send_time
         if keepalive.wal_end > self._server_wal_end:
             self._server_wal_end = keepalive.wal_end
         if keepalive.reply_requested:

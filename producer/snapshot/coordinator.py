@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from producer.pgoutput import format_lsn
 from producer.snapshot import catalog
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.copy_text import fields, spooled_batches, tuple_data
+from producer.snapshot.pacing import CatchUpGate
 from producer.snapshot.reader import ChunkReader, key_text
 from producer.snapshot.watermarks import (
     SIGNAL_PREFIX,
@@ -96,12 +97,15 @@ class SnapshotCoordinator:
         auto_new_tables: bool,
         metrics: Any,
         chunk_budget_s: float = 0.05,
+        stream_delay: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._dsn = dsn
         self._publication = publication
         self._sql = sql
         self._sink = sink
         self._sizer = ChunkSizer(chunk_rows, chunk_bytes, chunk_budget_s)
+        self._gate = CatchUpGate()
+        self._stream_delay = stream_delay  # seconds behind the server; None: not known
         self._row_bytes: dict[str, float] = {}  # average COPY bytes per row, by table
         self._pending_state: TableState | None = None
         self._fresh: set[str] = set()
@@ -220,7 +224,7 @@ class SnapshotCoordinator:
 
     def _submit(self, window: Window) -> None:
         if self._reader is None:
-            self._reader = ChunkReader(self._dsn, self._sizer)
+            self._reader = ChunkReader(self._dsn, self._sizer, self._gate)
         self._reader.submit(window)
 
     def _left_publication(self, name: str) -> None:
@@ -320,6 +324,10 @@ class SnapshotCoordinator:
                 began = time.perf_counter()
                 rows, reread = self._publish(window, route, codec, lsn)
                 self._sizer.published(len(window.lines), time.perf_counter() - began)
+                # While changes stream, the next window waits for the stream to catch up.
+                self._gate.published(self._sizer.streaming)
+        if outcome is not Outcome.PUBLISHED or not rows:
+            self._gate.release()  # nothing was published: no reason to wait
         self._published_in_tx = (window, rows, lsn) if outcome is not Outcome.REDO else None
         self.window = None
         if outcome is Outcome.REDO:
@@ -509,8 +517,11 @@ class SnapshotCoordinator:
 
     # --- periodic ------------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """From the pipeline's idle and commit paths: reader failures, progress, new tables."""
+    def tick(self, quiet: bool = False) -> None:
+        """From the pipeline's idle and commit paths: reader failures, progress, new tables,
+        and whether the stream caught up after a chunk (``quiet``: nothing left to read)."""
+        if self._gate.held:
+            self._gate.update(None if quiet else self._stream_delay())
         w = self.window
         if w is not None and w.error is not None and w.ready.is_set():
             raise w.error

@@ -18,6 +18,7 @@ from producer.replication.dsn import WALSENDER_OUTPUT_OPTIONS, redact_dsn, sql_c
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
 from producer.snapshot.copy_text import fields, split_lines
+from producer.snapshot.pacing import CatchUpGate
 from producer.snapshot.watermarks import (
     WATERMARK_PREFIX,
     ChunkSizer,
@@ -49,10 +50,11 @@ class ChunkReader:
     backoff (a half-done window's watermarks, if any reached the WAL, are then ignored as
     stale)."""
 
-    def __init__(self, dsn: str, sizer: ChunkSizer) -> None:
+    def __init__(self, dsn: str, sizer: ChunkSizer, gate: CatchUpGate | None = None) -> None:
         self._conninfo = reader_conninfo(dsn)
         self._redacted = redact_dsn(dsn)
         self._sizer = sizer
+        self._gate = gate or CatchUpGate()
         self._stopping = False
         self._requests: queue.Queue[Window | None] = queue.Queue(maxsize=1)
         self._conn: psycopg.Connection[Any] | None = None
@@ -78,7 +80,7 @@ class ChunkReader:
         while True:
             window: Window | None = self._requests.get()
             while window is not None and not self._stopping:
-                if window.chain.cancelled:
+                if window.chain.cancelled or not self._wait_for_stream(window):
                     break
                 try:
                     self._read_with_retries(window)
@@ -93,6 +95,15 @@ class ChunkReader:
                 window = self._turn(window)
             if self._stopping:
                 return
+
+    def _wait_for_stream(self, window: Window) -> bool:
+        """Before a window's low watermark: wait until the stream caught up with the last chunk
+        (pacing.py); False when the chain was cancelled or the reader stops meanwhile."""
+        while not self._gate.wait(0.1):
+            if window.chain.cancelled or self._stopping:
+                return False
+        self._gate.take(self._sizer.streaming)
+        return True
 
     def _turn(self, window: Window) -> Window | None:
         """The chain's next window once its turn comes: the window read before ``window`` is

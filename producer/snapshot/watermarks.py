@@ -74,11 +74,14 @@ class ChunkSizer:
     Changes stream unless no transaction but the snapshot's own watermarks came through the
     stream between the last two high watermarks. That is read in stream order, not by the
     clock: a pipeline busy publishing a chunk reads no commits for a while, which says nothing
-    about the source. While quiet there is no latency to protect, and the budget is not
-    applied: bigger chunks spread each chunk's fixed cost (two watermark commits, a stream
-    round trip) over more rows; the first change after a quiet spell waits for at most one
-    such chunk. Shared with the reader thread (which sizes the windows it reads ahead): plain
-    attribute writes, atomic in CPython."""
+    about the source. While quiet there is no latency to protect: chunks double with every
+    quiet window, from the budget's size up to the rows and bytes bounds, so bigger chunks
+    spread each chunk's fixed cost (two watermark commits, a stream round trip) over more rows.
+    Doubling, not jumping to the bound: two windows read back to back can have no commit
+    between them while changes stream, and a chunk of the full 20,000 rows published then held
+    the stream for about 360 ms (the latency benchmark's p99); a wrong guess now costs one chunk
+    of twice the budget. Shared with the reader thread (which sizes the windows it reads ahead):
+    plain attribute writes, atomic in CPython."""
 
     FIRST_ROWS: Final = 1000
 
@@ -88,6 +91,7 @@ class ChunkSizer:
         self.budget_s = budget_s
         self.rows_per_s: float | None = None
         self.streaming = True  # until a window passes without a change, assume changes flow
+        self._quiet_windows = 0  # high watermarks in a row without a change before them
         self._changes = False  # a change since the last high watermark
 
     def published(self, rows: int, seconds: float) -> None:
@@ -105,16 +109,18 @@ class ChunkSizer:
     def high_watermark(self) -> None:
         """The stream reached a high watermark: were there changes since the previous one?"""
         self.streaming = self._changes
+        self._quiet_windows = 0 if self._changes else self._quiet_windows + 1
         self._changes = False
 
     def limit(self, bytes_per_row: float | None) -> int:
         n = self.rows
         if bytes_per_row:
             n = min(n, int(self.max_bytes / bytes_per_row))
-        if self.streaming:
-            rate = self.rows_per_s
-            n = min(n, self.FIRST_ROWS if rate is None else int(rate * self.budget_s))
-        return max(1, n)
+        rate = self.rows_per_s
+        budget = self.FIRST_ROWS if rate is None else max(1, int(rate * self.budget_s))
+        if not self.streaming:
+            budget <<= min(self._quiet_windows, 30)
+        return max(1, min(n, budget))
 
 
 @dataclass(frozen=True)

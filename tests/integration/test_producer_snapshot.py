@@ -229,8 +229,11 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
     )
     try:
         producer.start()
-        # Every chunk of the hot range is read while its rows are being updated.
-        with Writer(pg_dsn, table, rows, hot=range(1, 20_000, 25)):
+        # Every chunk of the hot range is read while its rows are being updated. 200
+        # transactions/s: a chunk is read between its watermarks in a few milliseconds once
+        # the stream caught up (snapshot pacing), and at 50/s some runs saw no update land
+        # inside a window.
+        with Writer(pg_dsn, table, rows, hot=range(1, 20_000, 25), per_second=200):
             sql(pg_dsn, f"ALTER PUBLICATION {source.publication} ADD TABLE {table}")
             wait_snapshots_done(producer, table)
         source.wait_confirmed(source.current_lsn())

@@ -111,7 +111,7 @@ def test_pipeline_asks_for_short_ticks_while_acks_are_outstanding() -> None:
         partial=None,
     )  # type: ignore[arg-type]  # fmt: skip
     snapshots = SimpleNamespace(
-        on_commit=lambda lsn: None, on_confirmed=lambda lsn: None, tick=lambda: None,
+        on_commit=lambda lsn: None, on_confirmed=lambda lsn: None, tick=lambda quiet=False: None,
         describe=lambda: "", active=False, unconfirmed=False, window=None,
     )  # fmt: skip
     emitter.watch(snapshots)  # type: ignore[arg-type]

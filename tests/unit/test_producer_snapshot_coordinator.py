@@ -45,8 +45,10 @@ CODEC = build_relation_codec(TABLE.relation(), TypeCatalog(), "db.public.t")
 class FakeReader:
     windows: ClassVar[list[Window]] = []
 
-    def __init__(self, dsn: str, sizer: Any) -> None:
-        pass
+    gate: ClassVar[Any] = None
+
+    def __init__(self, dsn: str, sizer: Any, gate: Any) -> None:
+        FakeReader.gate = gate
 
     def submit(self, window: Window) -> None:
         FakeReader.windows.append(window)
@@ -278,3 +280,60 @@ def test_the_last_row_is_marked_last_when_the_final_spooled_batch_is_all_dropped
     rows = [codec.encode_row(tuple_data(v, 1))[0] for v in (b"1", b"2", b"3")]
     assert sink.reads == rows
     assert sink.last == [rows[-1]]
+
+
+def test_a_chunk_published_while_changes_stream_holds_the_next_until_the_stream_caught_up(
+    published: set[str],
+) -> None:
+    sink = FakeSink()
+    delay = [0.5]  # the stream's delay behind the server, as the pipeline would measure it
+    coord = SnapshotCoordinator(
+        dsn="",
+        publication="p",
+        sql=SimpleNamespace(run=lambda f: f(None)),
+        sink=sink,
+        chunk_rows=2,
+        chunk_bytes=1 << 20,
+        auto_new_tables=False,
+        metrics=MagicMock(),
+        stream_delay=lambda: delay[0],
+    )
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    window = FakeReader.windows[-1]
+    gate = FakeReader.gate
+    gate.take(streaming=True)  # as the reader does before the window's low watermark
+    window.lines = [b"1\ta", b"2\tb"]
+    window.bytes_read = 8
+    window.more = True
+    window.cursor_after = ("2",)
+    window.ready.set()
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), 10, True)
+    coord.on_commit(10)  # the low watermark's transaction
+    coord.on_commit(15)  # somebody else's: changes stream
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), 20, True)
+    coord.on_commit(20)
+    assert len(sink.reads) == 2
+    assert gate.held, "the next window must wait for the stream"
+    coord.tick()  # 500 ms behind: still held
+    assert gate.held
+    delay[0] = 0.004  # caught up
+    coord.tick()
+    assert not gate.held
+    gate.take(streaming=True)
+    gate.published(streaming=True)
+    coord.tick(quiet=True)  # nothing left to read: caught up whatever the delay says
+    assert not gate.held
+
+
+def test_a_chunk_published_while_only_the_snapshot_streams_holds_nothing(
+    published: set[str],
+) -> None:
+    sink = FakeSink()
+    coord = _coordinator(sink)
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    FakeReader.gate.take(streaming=True)  # changes streamed when the window started
+    _run_window(coord, [b"1\ta", b"2\tb"], 100)  # none came before its high watermark
+    assert len(sink.reads) == 2
+    assert not FakeReader.gate.held

@@ -148,16 +148,21 @@ def test_chunks_are_rows_bytes_and_a_time_budget_at_the_measured_rate() -> None:
     assert ChunkSizer(10, 10, 1.0).limit(100.0) == 1
 
 
-def test_chunks_ignore_the_time_budget_while_only_the_snapshot_streams() -> None:
+def test_chunks_grow_past_the_time_budget_while_only_the_snapshot_streams() -> None:
     sizer = ChunkSizer(rows=20_000, max_bytes=64 << 20, budget_s=0.05)
     sizer.published(1000, 0.1)  # 10k rows/s: 500 rows in 50 ms
     assert sizer.limit(None) == 500  # changes may be streaming (nothing seen yet)
     sizer.streamed()
     sizer.high_watermark()
     assert sizer.limit(None) == 500  # a change between the last two high watermarks
-    sizer.high_watermark()  # none since: quiet, only rows and bytes bound the chunk
-    assert sizer.limit(None) == 20_000
-    assert sizer.limit(1 << 20) == 64
+    sizer.high_watermark()  # none since: quiet, chunks double with every quiet window
+    assert sizer.limit(None) == 1000
+    sizer.high_watermark()
+    assert sizer.limit(None) == 2000
+    for _ in range(10):
+        sizer.high_watermark()
+    assert sizer.limit(None) == 20_000  # up to the rows bound
+    assert sizer.limit(1 << 20) == 64  # and the bytes bound
     sizer.streamed()  # a change: read ahead meanwhile still sees the quiet window
     assert sizer.limit(None) == 20_000
     sizer.high_watermark()  # back to the budget from the next window on
