@@ -163,10 +163,12 @@ def test_chunks_grow_past_the_time_budget_while_only_the_snapshot_streams() -> N
         sizer.high_watermark()
     assert sizer.limit(None) == 20_000  # up to the rows bound
     assert sizer.limit(1 << 20) == 64  # and the bytes bound
-    sizer.streamed()  # a change: read ahead meanwhile still sees the quiet window
-    assert sizer.limit(None) == 20_000
-    sizer.high_watermark()  # back to the budget from the next window on
+    sizer.streamed()  # a change: back to the budget at once
     assert sizer.limit(None) == 500
+    sizer.high_watermark()  # and for the next window
+    assert sizer.limit(None) == 500
+    sizer.high_watermark()  # quiet again: doubling from the budget
+    assert sizer.limit(None) == 1000
 
 
 def test_state_records_round_trip_and_advance() -> None:
