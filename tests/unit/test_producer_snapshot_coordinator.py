@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, ClassVar
 from unittest.mock import MagicMock
@@ -99,7 +99,9 @@ def published(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     return tables
 
 
-def _coordinator(sink: FakeSink) -> SnapshotCoordinator:
+def _coordinator(
+    sink: FakeSink, stream_delay: Callable[[], float | None] = lambda: None
+) -> SnapshotCoordinator:
     return SnapshotCoordinator(
         dsn="",
         publication="p",
@@ -109,6 +111,7 @@ def _coordinator(sink: FakeSink) -> SnapshotCoordinator:
         chunk_bytes=1 << 20,
         auto_new_tables=False,
         metrics=MagicMock(),
+        stream_delay=stream_delay,
     )
 
 
@@ -287,17 +290,7 @@ def test_a_chunk_published_while_changes_stream_holds_the_next_until_the_stream_
 ) -> None:
     sink = FakeSink()
     delay = [0.5]  # the stream's delay behind the server, as the pipeline would measure it
-    coord = SnapshotCoordinator(
-        dsn="",
-        publication="p",
-        sql=SimpleNamespace(run=lambda f: f(None)),
-        sink=sink,
-        chunk_rows=2,
-        chunk_bytes=1 << 20,
-        auto_new_tables=False,
-        metrics=MagicMock(),
-        stream_delay=lambda: delay[0],
-    )
+    coord = _coordinator(sink, stream_delay=lambda: delay[0])
     coord.start({}, [NAME], [NAME])
     coord.tick()
     window = FakeReader.windows[-1]
