@@ -27,6 +27,8 @@ from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
 
+from spark_consumer.delta_version import updated_log
+
 log = logging.getLogger("walbridge.consumer")
 
 EVERY = 10  # versions between checkpoints: Delta's default interval
@@ -106,17 +108,13 @@ class Checkpointer:
     def _checkpoint(self, path: str) -> None:
         jvm = self._spark._jvm
         assert jvm is not None
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-            self._spark._jsparkSession, path
-        )
-        none = jvm.scala.Option.empty()
-        snapshot = delta_log.update(False, none, none)
+        delta_log, snapshot = updated_log(self._spark, path)
         version = int(snapshot.version())
         last = int(snapshot.checkpointProvider().version())
         if not due(version, last, self._every):
             return
         # Writes the checkpoint of this very version, then `_last_checkpoint`, then removes
         # log files older than the table's log retention (as Delta's commit hook does).
-        delta_log.checkpoint(snapshot, none)
+        delta_log.checkpoint(snapshot, jvm.scala.Option.empty())
         self.written += 1
         log.debug("delta checkpoint of %s at version %d", path, version)

@@ -23,6 +23,7 @@ from pyspark.sql.types import DecimalType
 
 _FIELD = "v"
 _DECIMAL = DecimalType(20, 0)  # holds every long
+_MICROS = DecimalType(38, 6)
 
 
 def _boxed(value: Column) -> Column:
@@ -42,3 +43,19 @@ def at_most(column: Column, value: int) -> Column:
 def or_value(column: Column, value: int) -> Column:
     """`coalesce(column, value)` for a long column."""
     return F.coalesce(column.cast(_DECIMAL), F.lit(Decimal(value)).cast(_DECIMAL)).cast("long")
+
+
+def long_value(value: int | None, zero: Column) -> Column:
+    """`value` as a long, where `zero` is a column that holds 0 (a one-row range's `id`): a
+    literal alone is folded into the code, `zero + decimal literal` is not."""
+    if value is None:
+        return F.lit(None).cast("long")
+    return (zero.cast(_DECIMAL) + F.lit(Decimal(value)).cast(_DECIMAL)).cast("long")
+
+
+def double_value(value: float | None, zero: Column) -> Column:
+    """`value` (to the microsecond) as a double, as `long_value`."""
+    if value is None:
+        return F.lit(None).cast("double")
+    exact = Decimal(value).quantize(Decimal("0.000001"))
+    return (zero.cast(_MICROS) + F.lit(exact).cast(_MICROS)).cast("double")

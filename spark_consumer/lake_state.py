@@ -23,6 +23,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import DataType, StructType
 
+from spark_consumer.delta_version import updated_log
+
 NO_TABLE = -1  # Delta's version of a path without a table
 
 
@@ -48,13 +50,10 @@ class LakeTable:
 
 
 def read(spark: SparkSession, path: str) -> LakeTable:
-    """The table's latest state, through Delta's own log reader in the JVM (its Python API
-    has no such call; Scala default arguments do not reach Py4J, so `update` gets all three)."""
+    """The table's latest state, from one update of its Delta log."""
     jvm = spark._jvm
     assert jvm is not None
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = jvm.scala.Option.empty()
-    snapshot = log.update(False, none, none)
+    _log, snapshot = updated_log(spark, path)
     version = int(snapshot.version())
     if version == NO_TABLE:
         return LakeTable(path, NO_TABLE)

@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
-    DecimalType,
     DoubleType,
     LongType,
     MapType,
@@ -31,6 +29,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from spark_consumer.codegen_stable import double_value, long_value
 
 PROGRESS_SCHEMA = StructType(
     [
@@ -90,27 +90,6 @@ def merge_offsets(
     return out
 
 
-# Spark writes integer, double and timestamp literals into the Java source it generates, and
-# caches compiled classes by that source; decimal and string literals reach the code by
-# reference. Adding the one-row range's `id` (0) keeps the optimizer from folding the sum back
-# into a literal of the result type.
-_EXACT = DecimalType(38, 0)
-_AGE = DecimalType(38, 6)
-
-
-def _long(value: int | None) -> Column:
-    if value is None:
-        return F.lit(None).cast(LongType())
-    return (F.col("id").cast(_EXACT) + F.lit(Decimal(value)).cast(_EXACT)).cast(LongType())
-
-
-def _double(value: float | None) -> Column:
-    if value is None:
-        return F.lit(None).cast(DoubleType())
-    age = Decimal(value).quantize(Decimal("0.000001"))
-    return (F.col("id").cast(_AGE) + F.lit(age).cast(_AGE)).cast(DoubleType())
-
-
 def append(
     spark: SparkSession,
     path: str,
@@ -128,28 +107,28 @@ def append(
         # Created from the schema: the literal row below does not carry its nullability.
         DeltaTable.createIfNotExists(spark).location(path).addColumns(PROGRESS_SCHEMA).execute()
     # One row built in the JVM: createDataFrame from Python rows runs its task in a Python
-    # worker, and starting one (when none is up) added about a second to a batch. Its values
-    # are data of the row, not literals (`_long`): a row of literals compiled two new classes
-    # every batch (see codegen_stable.py for what that costs).
-    one = spark.range(1)
+    # worker, and starting one (when none is up) added about a second to a batch. Its numbers
+    # are data of the row, not literals: a row of literals compiled two new classes every
+    # batch (codegen_stable.py says what that costs).
+    zero = F.col("id")
     versions = [
         c
         for name, version in sorted(progress.table_versions.items())
-        for c in (F.lit(name), _long(version))
+        for c in (F.lit(name), long_value(version, zero))
     ]
     values = {
-        "batch_id": _long(batch_id),
-        "commit_lsn": _long(progress.commit_lsn),
+        "batch_id": long_value(batch_id, zero),
+        "commit_lsn": long_value(progress.commit_lsn, zero),
         "table_versions": F.create_map(*versions),
         "kafka_offsets": F.lit(json.dumps(progress.kafka_offsets, sort_keys=True)),
-        "applied_at": F.timestamp_micros(_long(time.time_ns() // 1000)),
-        "pending_version": _long(progress.pending_version),
-        "applied_transactions": _long(applied_transactions),
-        "pending_transactions": _long(pending_transactions),
-        "pending_oldest_age_s": _double(pending_oldest_age_s),
+        "applied_at": F.timestamp_micros(long_value(time.time_ns() // 1000, zero)),
+        "pending_version": long_value(progress.pending_version, zero),
+        "applied_transactions": long_value(applied_transactions, zero),
+        "pending_transactions": long_value(pending_transactions, zero),
+        "pending_oldest_age_s": double_value(pending_oldest_age_s, zero),
         "snapshotting": F.array(*[F.lit(t) for t in (snapshotting or [])]),
     }
-    row = one.select(
+    row = spark.range(1).select(
         *[values[f.name].cast(f.dataType).alias(f.name) for f in PROGRESS_SCHEMA.fields]
     )
     # No Delta transaction id (txnAppId) on this write: checking one reads the table's whole

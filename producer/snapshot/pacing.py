@@ -43,7 +43,7 @@ class CatchUpGate:
         self._open.set()
         self._since = 0.0  # when the gate was taken or the chunk published
         self._in_flight = False  # taken, and its chunk not published yet
-        self.holds = 0  # chunks that waited for the stream (for tests and logs)
+        self.holds = 0  # chunks that waited for the stream (tests)
 
     @property
     def held(self) -> bool:

@@ -50,11 +50,11 @@ class ChunkReader:
     backoff (a half-done window's watermarks, if any reached the WAL, are then ignored as
     stale)."""
 
-    def __init__(self, dsn: str, sizer: ChunkSizer, gate: CatchUpGate | None = None) -> None:
+    def __init__(self, dsn: str, sizer: ChunkSizer, gate: CatchUpGate) -> None:
         self._conninfo = reader_conninfo(dsn)
         self._redacted = redact_dsn(dsn)
         self._sizer = sizer
-        self._gate = gate or CatchUpGate()
+        self._gate = gate
         self._stopping = False
         self._requests: queue.Queue[Window | None] = queue.Queue(maxsize=1)
         self._conn: psycopg.Connection[Any] | None = None
