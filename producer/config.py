@@ -91,6 +91,11 @@ class ProducerConfig:
     snapshot_chunk_bytes: int = setting(
         64 * 1024 * 1024, help="bytes per snapshot chunk, about (TOASTed rows make smaller chunks)"
     )
+    snapshot_chunk_budget_ms: int = setting(
+        50,
+        help="while changes stream, a snapshot chunk is sized to about this much publishing "
+        "time (streamed changes wait behind it)",
+    )
     timestamptz_format: str = setting(
         TIMESTAMPTZ_MICROS,
         help="timestamp-micros: Avro's timestamp-micros (UTC), typed for Avro readers; "
@@ -137,6 +142,7 @@ class ProducerConfig:
             raise ConfigError(f"snapshot must be one of {SNAPSHOT_MODES}, got {self.snapshot!r}")
         _at_least("snapshot_chunk_rows", self.snapshot_chunk_rows, 1)
         _at_least("snapshot_chunk_bytes", self.snapshot_chunk_bytes, 1)
+        _at_least("snapshot_chunk_budget_ms", self.snapshot_chunk_budget_ms, 1)
         _at_least("kafka_transaction_max_ms", self.kafka_transaction_max_ms, 1)
         _at_least("kafka_transaction_max_events", self.kafka_transaction_max_events, 1)
         _at_least("kafka_transaction_max_bytes", self.kafka_transaction_max_bytes, 1)

@@ -379,6 +379,7 @@ def _start_snapshots(
         sink=emitter,
         chunk_rows=cfg.snapshot_chunk_rows,
         chunk_bytes=cfg.snapshot_chunk_bytes,
+        chunk_budget_s=cfg.snapshot_chunk_budget_ms / 1000,
         auto_new_tables=cfg.snapshot != "never",
         metrics=metrics,
         stream_delay=stream_delay,

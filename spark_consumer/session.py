@@ -20,6 +20,7 @@ from spark_consumer import checkpoints, object_store
 from spark_consumer.config import SparkSettings
 
 SCALA_BINARY = "2.13"
+DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 
 
 def walbridge_home(settings: SparkSettings) -> Path:
@@ -112,6 +113,12 @@ def build_session(
         # spent 10-15 s of its 35-42 s of CPU in JIT compiler threads and took 19-22 s; with
         # 1000 entries, 11-14 s. Both code heaps and metaspace stayed the same size.
         .config("spark.sql.codegen.cache.maxEntries", "1000")
+        # PySpark 4 wraps every DataFrame and Column function to hand the JVM the Python line
+        # that called it (for the query context of analysis errors): four more Py4J round
+        # trips per call (the active session, the origin class, a conf read, set and clear).
+        # A batch builds a few thousand Columns, so on a busy 2-core machine that was most of
+        # the driver's planning time. Errors still name the failing expression.
+        .config(DATAFRAME_DEBUGGING, "false")
     )
     packages = maven_packages(settings)
     if object_store.uses_s3a(env, lake_paths):

@@ -168,6 +168,9 @@ def main() -> None:
         "--snapshot-rows", type=int, default=0, help="measure beside snapshots of this many rows"
     )
     parser.add_argument("--rounds", type=int, default=2, help="without/with rounds")
+    parser.add_argument(
+        "--chunk-budget-ms", type=int, default=None, help="the producer's snapshot_chunk_budget_ms"
+    )
     args = parser.parse_args()
     global SYNC_COMMIT
     SYNC_COMMIT = not args.async_commit
@@ -201,6 +204,7 @@ def main() -> None:
     producer = ProducerProcess(
         source, env["WALBRIDGE_KAFKA_BOOTSTRAP"], env["WALBRIDGE_SCHEMA_REGISTRY_URL"],
         log_level="WARNING", snapshot="never",
+        **({} if args.chunk_budget_ms is None else {"snapshot_chunk_budget_ms": args.chunk_budget_ms}),
     ).start()  # fmt: skip
     phases: list[tuple[str, float, float, bool]] = []
     try:

@@ -39,6 +39,12 @@ def test_flags_override_missing_env_and_bools_parse() -> None:
     assert load_config([], BASE | {"WALBRIDGE_CREATE_TOPICS": "false"}).create_topics is False
 
 
+def test_snapshot_chunk_budget_is_read_in_milliseconds() -> None:
+    assert load_config([], BASE).snapshot_chunk_budget_ms == 50
+    env = BASE | {"WALBRIDGE_SNAPSHOT_CHUNK_BUDGET_MS": "20"}
+    assert load_config([], env).snapshot_chunk_budget_ms == 20
+
+
 def test_foreign_walbridge_variables_are_allowed() -> None:
     assert load_config([], BASE | {"WALBRIDGE_HOME": "/x", "WALBRIDGE_LAKE_PATH": "/l"}).slot
 
@@ -63,6 +69,7 @@ def test_foreign_walbridge_variables_are_allowed() -> None:
         (["--kafka-config", "acks=1"], BASE, "must not set 'acks'"),
         (["--idle-after-s", "20"], BASE, "must not exceed status_interval_s"),
         (["--bogus"], BASE, "invalid command line"),
+        (["--snapshot-chunk-budget-ms", "0"], BASE, "snapshot_chunk_budget_ms must be >= 1"),
     ],
 )
 def test_fails_fast(argv: list[str], env: dict[str, str], match: str) -> None:
