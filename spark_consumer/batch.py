@@ -572,10 +572,9 @@ class BatchProcessor:
             )
             self._mode_checked.add(path)
         lo, hi = plan.watermark_before, plan.watermark_after
-        lsn = F.col(COMMIT_LSN)
         changes = table.events.filter(
-            codegen_stable.greater(lsn, lo)
-            & codegen_stable.at_most(lsn, hi)
+            codegen_stable.greater(COMMIT_LSN, lo)
+            & codegen_stable.at_most(COMMIT_LSN, hi)
             & transaction_stats.usable()
         ).drop(OK)
         tc = merge.TableChanges(
@@ -654,7 +653,7 @@ class BatchProcessor:
             and pending_before is not None
             and table_version(self.spark, self.config.pending_path) == pending_before
         )
-        later = codegen_stable.greater(F.col(COMMIT_LSN), plan.watermark_after)
+        later = codegen_stable.greater(COMMIT_LSN, plan.watermark_after)
         coords = [
             F.col(TOPIC).alias("topic"),
             F.col(PARTITION).alias("partition"),
@@ -671,7 +670,7 @@ class BatchProcessor:
         rows = raw.join(waiting, RECORD_ID_COLUMNS, "left_semi")
         if append:
             rows = rows.filter(F.col(FIRST_SEEN).isNull())  # read by this batch, not before
-        first_seen = codegen_stable.or_value(F.col(FIRST_SEEN), now_ms)  # null: read now
+        first_seen = codegen_stable.or_value(FIRST_SEEN, now_ms)  # null: read now
         return pending.save(
             self.spark,
             self.config.pending_path,

@@ -11,6 +11,11 @@ Struct and decimal literals reach the generated code by reference instead, so th
 same from batch to batch. The optimizer folds neither back into an integer literal: it does
 unwrap `cast(long column as decimal) > decimal literal` into a long comparison, which is why
 comparisons use one-field structs. tests/integration/test_consumer_codegen.py pins both down.
+
+Each expression is written as SQL over a column name and parsed by the JVM in one call: built
+from PySpark's Column functions, each took about 25 Py4J round trips (every `F.*` call looks up
+the function by reflection first), and a batch builds a few dozen of them. The SQL holds only
+a quoted column name and numbers formatted here, never text from outside.
 """
 
 from __future__ import annotations
@@ -19,43 +24,58 @@ from decimal import Decimal
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType
 
-_FIELD = "v"
-_DECIMAL = DecimalType(20, 0)  # holds every long
-_MICROS = DecimalType(38, 6)
+_DECIMAL = "DECIMAL(20,0)"  # holds every long
+_MICROS = "DECIMAL(38,6)"
 
 
-def _boxed(value: Column) -> Column:
-    return F.struct(value.alias(_FIELD))
+def sql_name(column: str) -> str:
+    """A column name as a SQL identifier (backquoted, backquotes doubled)."""
+    return "`" + column.replace("`", "``") + "`"
 
 
-def greater(column: Column, value: int) -> Column:
+def _boxed_long(value: int) -> str:
+    return f"named_struct('v', CAST({int(value)} AS BIGINT))"
+
+
+def _compare(column: str, op: str, value: int) -> Column:
+    c = sql_name(column)
+    return F.expr(
+        f"CASE WHEN {c} IS NOT NULL THEN named_struct('v', {c}) {op} {_boxed_long(value)} END"
+    )
+
+
+def greater(column: str, value: int) -> Column:
     """`column > value`, null when the column is null (as the plain comparison)."""
-    return F.when(column.isNotNull(), _boxed(column) > _boxed(F.lit(value).cast("long")))
+    return _compare(column, ">", value)
 
 
-def at_most(column: Column, value: int) -> Column:
+def at_most(column: str, value: int) -> Column:
     """`column <= value`, null when the column is null."""
-    return F.when(column.isNotNull(), _boxed(column) <= _boxed(F.lit(value).cast("long")))
+    return _compare(column, "<=", value)
 
 
-def or_value(column: Column, value: int) -> Column:
+def or_value(column: str, value: int) -> Column:
     """`coalesce(column, value)` for a long column."""
-    return F.coalesce(column.cast(_DECIMAL), F.lit(Decimal(value)).cast(_DECIMAL)).cast("long")
+    c = sql_name(column)
+    return F.expr(
+        f"CAST(coalesce(CAST({c} AS {_DECIMAL}), CAST({int(value)} AS {_DECIMAL})) AS BIGINT)"
+    )
 
 
-def long_value(value: int | None, zero: Column) -> Column:
-    """`value` as a long, where `zero` is a column that holds 0 (a one-row range's `id`): a
-    literal alone is folded into the code, `zero + decimal literal` is not."""
+def long_value_sql(value: int | None, zero: str) -> str:
+    """`value` as a long, where the column `zero` holds 0 (a one-row range's `id`): a literal
+    alone is folded into the code, `zero + decimal literal` is not."""
     if value is None:
-        return F.lit(None).cast("long")
-    return (zero.cast(_DECIMAL) + F.lit(Decimal(value)).cast(_DECIMAL)).cast("long")
+        return "CAST(NULL AS BIGINT)"
+    z = sql_name(zero)
+    return f"CAST(CAST({z} AS {_DECIMAL}) + CAST({int(value)} AS {_DECIMAL}) AS BIGINT)"
 
 
-def double_value(value: float | None, zero: Column) -> Column:
-    """`value` (to the microsecond) as a double, as `long_value`."""
+def double_value_sql(value: float | None, zero: str) -> str:
+    """`value` (to the microsecond) as a double, as `long_value_sql`."""
     if value is None:
-        return F.lit(None).cast("double")
+        return "CAST(NULL AS DOUBLE)"
     exact = Decimal(value).quantize(Decimal("0.000001"))
-    return (zero.cast(_MICROS) + F.lit(exact).cast(_MICROS)).cast("double")
+    z = sql_name(zero)
+    return f"CAST(CAST({z} AS {_MICROS}) + CAST('{exact:f}' AS {_MICROS}) AS DOUBLE)"

@@ -83,7 +83,7 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
     key_type = next((f.dataType for f in events.schema.fields if f.name == key), None)
     k_long, k_str = _key_bounds(key_type, key)
     reason = bad_reason()
-    later = codegen_stable.greater(F.col(COMMIT_LSN), watermark)
+    later = codegen_stable.greater(COMMIT_LSN, watermark)
     return events.filter(reason.isNotNull() | later).select(
         F.lit("d").alias("kind"),
         reason.alias("bad"),
@@ -106,7 +106,7 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
 
 
 def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
-    later = codegen_stable.greater(F.col(COMMIT_LSN), watermark)
+    later = codegen_stable.greater(COMMIT_LSN, watermark)
     return markers.filter(~F.col(OK) | later).select(
         F.lit("m").alias("kind"),
         F.when(~F.col(OK), F.lit(NOT_DECODED)).alias("bad"),
