@@ -225,8 +225,8 @@ class BatchProcessor:
         # batch touching 300 tables. One partition per core keeps every core busy and makes
         # that tables x cores.
         rows = rows.coalesce(self.spark.sparkContext.defaultParallelism)
-        return rows.withColumn("_vid", schema_id_col(F.col("value"))).withColumn(
-            "_kid", schema_id_col(F.col("key"))
+        return rows.withColumn("_vid", schema_id_col("value")).withColumn(
+            "_kid", schema_id_col("key")
         )
 
     def _framing(self, framed: DataFrame) -> _Framing:

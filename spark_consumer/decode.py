@@ -11,6 +11,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
+from spark_consumer.codegen_stable import sql_name
 from spark_consumer.columns import (
     COMMIT_LSN,
     FIRST_SEEN,
@@ -35,17 +36,17 @@ ENV = "_env"
 
 
 def with_envelope_from_avro(rows: DataFrame, schema_text: str) -> DataFrame:
-    return rows.withColumn(
-        ENV, from_avro(body_col(F.col("value")), schema_text, {"mode": "PERMISSIVE"})
-    )
+    return rows.withColumn(ENV, from_avro(body_col("value"), schema_text, {"mode": "PERMISSIVE"}))
 
 
-def decoded_ok(env: Column, required: str) -> Column:
+def decoded_ok(required: str) -> Column:
     """Whether the body decoded. Spark 4's from_avro in PERMISSIVE mode gives a struct of nulls,
     not a null, for a body it cannot read (a truncated one, say), so a field every record of
     the schema has (`op` of an envelope, `status` of a marker) tells the two apart. Without it
-    a truncated marker read as a marker without commit_lsn and was passed over unreported."""
-    return F.coalesce(env.isNotNull() & env[required].isNotNull(), F.lit(False))
+    a truncated marker read as a marker without commit_lsn and was passed over unreported.
+    (SQL, one Py4J call: see codegen_stable.py.)"""
+    env, field = sql_name(ENV), sql_name(required)
+    return F.expr(f"coalesce({env} IS NOT NULL AND {env}.{field} IS NOT NULL, false)")
 
 
 def _coords() -> list[Column]:
@@ -106,7 +107,7 @@ def table_events(
         env["op"].alias(OP),
         env["source"]["ts_ms"].alias(TS_MS),
         toast.alias(TOAST),
-        decoded_ok(env, "op").alias(OK),
+        decoded_ok("op").alias(OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
         *from_cols,
     )
@@ -122,5 +123,5 @@ def markers(decoded: DataFrame) -> DataFrame:
         env["ts_ms"].alias("_ts_ms"),  # the source commit time: the consumer's lag
         env["event_count"].alias("_event_count"),
         env["data_collections"].alias("_data_collections"),
-        decoded_ok(env, "status").alias(OK),
+        decoded_ok("status").alias(OK),
     )

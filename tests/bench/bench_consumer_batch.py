@@ -249,7 +249,7 @@ def baseline_append(
     schemas = WriterSchemas(client)
     for spec in specs:
         part = big.filter(F.col("topic") == spec.topic("bench")).withColumn("_first_seen", F.lit(0))
-        first = part.select(schema_id_col(F.col("value")).alias("v")).first()
+        first = part.select(schema_id_col("value").alias("v")).first()
         assert first is not None, f"no rows of {spec.topic('bench')}"
         vid = first["v"]
         events = table_events(
