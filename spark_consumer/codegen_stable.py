@@ -34,15 +34,14 @@ def sql_name(column: str) -> str:
     return "`" + column.replace("`", "``") + "`"
 
 
-def _boxed_long(value: int) -> str:
-    return f"named_struct('v', CAST({int(value)} AS BIGINT))"
+def _boxed(sql: str) -> str:
+    return f"named_struct('v', {sql})"
 
 
 def _compare(column: str, op: str, value: int) -> Column:
     c = sql_name(column)
-    return F.expr(
-        f"CASE WHEN {c} IS NOT NULL THEN named_struct('v', {c}) {op} {_boxed_long(value)} END"
-    )
+    bound = _boxed(f"CAST({int(value)} AS BIGINT)")
+    return F.expr(f"CASE WHEN {c} IS NOT NULL THEN {_boxed(c)} {op} {bound} END")
 
 
 def greater(column: str, value: int) -> Column:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -125,44 +125,33 @@ def append(
     # batch (codegen_stable.py says what that costs). They are SQL, one parse each: built from
     # Column functions, this row took about 250 Py4J round trips, a tenth of a small batch's.
     # Text (table names, offsets) goes in as literal values, never into the SQL.
-    def number(name: str, sql: str) -> Column:
-        return F.expr(f"{sql} AS {sql_name(name)}")
-
     versions = [
         c
         for name, version in sorted(progress.table_versions.items())
         for c in (F.lit(name), F.expr(long_value_sql(version, "id")))
     ]
     now_us = long_value_sql(time.time_ns() // 1000, "id")
-    types = {f.name: f.dataType for f in PROGRESS_SCHEMA.fields}
-    values = {
-        "batch_id": number("batch_id", long_value_sql(batch_id, "id")),
-        "commit_lsn": number("commit_lsn", long_value_sql(progress.commit_lsn, "id")),
-        "table_versions": F.create_map(*versions)
-        .cast(types["table_versions"])
-        .alias("table_versions"),
-        "kafka_offsets": F.lit(json.dumps(progress.kafka_offsets, sort_keys=True)).alias(
-            "kafka_offsets"
-        ),
-        "applied_at": number("applied_at", f"timestamp_micros({now_us})"),
-        "pending_version": number(
-            "pending_version", long_value_sql(progress.pending_version, "id")
-        ),
-        "applied_transactions": number(
-            "applied_transactions", long_value_sql(applied_transactions, "id")
-        ),
-        "pending_transactions": number(
-            "pending_transactions", long_value_sql(pending_transactions, "id")
-        ),
-        "pending_oldest_age_s": number(
-            "pending_oldest_age_s", double_value_sql(pending_oldest_age_s, "id")
-        ),
-        "snapshotting": F.array(*[F.lit(t) for t in (snapshotting or [])])
-        .cast(types["snapshotting"])
-        .alias("snapshotting"),
+    numbers = {
+        "batch_id": long_value_sql(batch_id, "id"),
+        "commit_lsn": long_value_sql(progress.commit_lsn, "id"),
+        "applied_at": f"timestamp_micros({now_us})",
+        "pending_version": long_value_sql(progress.pending_version, "id"),
+        "applied_transactions": long_value_sql(applied_transactions, "id"),
+        "pending_transactions": long_value_sql(pending_transactions, "id"),
+        "pending_oldest_age_s": double_value_sql(pending_oldest_age_s, "id"),
+    }
+    others = {
+        "table_versions": F.create_map(*versions),
+        "kafka_offsets": F.lit(json.dumps(progress.kafka_offsets, sort_keys=True)),
+        "snapshotting": F.array(*[F.lit(t) for t in (snapshotting or [])]),
     }
     row = spark.range(0, 1, 1, numPartitions=1).select(  # one task, not one per core
-        *[values[f.name] for f in PROGRESS_SCHEMA.fields]
+        *[
+            F.expr(f"{numbers[f.name]} AS {sql_name(f.name)}")
+            if f.name in numbers
+            else others[f.name].cast(f.dataType).alias(f.name)
+            for f in PROGRESS_SCHEMA.fields
+        ]
     )
     # No Delta transaction id (txnAppId) on this write: checking one reads the table's whole
     # state, which cost about 0.5 s per batch. A batch id already in this table is skipped
