@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import reduce
+from functools import partial, reduce
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -36,6 +36,7 @@ from spark_consumer import (
     quarantine,
     transaction_stats,
 )
+from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import (
     COMMIT_LSN,
     FIRST_SEEN,
@@ -48,7 +49,7 @@ from spark_consumer.columns import (
 )
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
-from spark_consumer.decode import markers, table_events, with_envelope_from_avro
+from spark_consumer.decode import ENV, envelope_column, event_columns, marker_columns
 from spark_consumer.decode_fastavro import with_envelope_fastavro
 from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
@@ -147,6 +148,8 @@ class BatchProcessor:
         # the first read of a table's log, dropped whole when a batch fails.
         self._lake: dict[str, merge.Applied | lake_state.LakeTable] = {}
         self.checkpoints = checkpoints.Checkpointer(spark)
+        # Expressions every batch builds alike (per writer schema, table key): once per process.
+        self._columns = ColumnCache()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         report = self.process(batch, batch_id)
@@ -158,10 +161,20 @@ class BatchProcessor:
         """Let the Delta checkpoint in progress finish (the others wait for the next run)."""
         self.checkpoints.close()
 
-    def _decode(self, rows: DataFrame, schema_text: str) -> DataFrame:
+    def _decode(self, raw: DataFrame, topic: str, vid: int) -> DataFrame:
+        """The records of `topic` written with schema `vid`, with their decoded envelope."""
+        rows = raw.filter(
+            self._columns.get(
+                ("records-of", topic, vid),
+                lambda: (F.col("topic") == topic) & (F.col("_vid") == vid),
+            )
+        )
+        text = self.schemas.text(vid)
         if self.config.decoder is Decoder.FASTAVRO:
-            return with_envelope_fastavro(rows, schema_text)
-        return with_envelope_from_avro(rows, schema_text)
+            return with_envelope_fastavro(rows, text)
+        return rows.withColumn(
+            ENV, self._columns.get(("envelope", vid), lambda: envelope_column(text))
+        )
 
     def process(self, batch: DataFrame, batch_id: int) -> BatchReport:
         started = time.perf_counter()
@@ -375,17 +388,10 @@ class BatchProcessor:
             pg_names |= {f.name: f.pg_name for f in fields if f.pg_name}
             names = {f.name for f in fields}
             unique &= all(bool(k) and set(k) < names for k in keys)
-            frames.append(
-                table_events(
-                    self._decode(
-                        raw.filter((F.col("topic") == info.topic) & (F.col("_vid") == vid)),
-                        self.schemas.text(vid),
-                    ),
-                    fields,
-                    self.conversions,
-                    key or (),
-                )
+            select = self._columns.get(
+                ("events", vid, key), partial(event_columns, fields, self.conversions, key or ())
             )
+            frames.append(self._decode(raw, info.topic, vid).select(*select))
             columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
         df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
         return _Table(info, df.persist(_CACHE), tuple(columns), key, unique, pg_names)
@@ -394,15 +400,8 @@ class BatchProcessor:
         self, raw: DataFrame, marker_ids: list[int], persisted: list[DataFrame]
     ) -> DataFrame:
         topic = transaction_topic(self.config.topic_prefix)
-        frames = [
-            markers(
-                self._decode(
-                    raw.filter((F.col("topic") == topic) & (F.col("_vid") == vid)),
-                    self.schemas.text(vid),
-                )
-            )
-            for vid in marker_ids
-        ]
+        select = self._columns.get("markers", marker_columns)
+        frames = [self._decode(raw, topic, vid).select(*select) for vid in marker_ids]
         df = (
             reduce(DataFrame.unionByName, frames)
             if frames
@@ -450,6 +449,7 @@ class BatchProcessor:
             before.commit_lsn,
             message_topic(cfg.topic_prefix),
             now_ms,
+            self._columns,
         )
         step("decode+summary")
         if bad:
@@ -575,7 +575,7 @@ class BatchProcessor:
         changes = table.events.filter(
             codegen_stable.greater(COMMIT_LSN, lo)
             & codegen_stable.at_most(COMMIT_LSN, hi)
-            & transaction_stats.usable()
+            & self._columns.get("usable", transaction_stats.usable)
         ).drop(OK)
         tc = merge.TableChanges(
             info.schema,

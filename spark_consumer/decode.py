@@ -35,8 +35,13 @@ from spark_consumer.key_change_toast import MOVED_FROM_PREFIX
 ENV = "_env"
 
 
+def envelope_column(schema_text: str) -> Column:
+    """The decoded envelope (or marker) of the framed `value`, under one writer schema."""
+    return from_avro(body_col("value"), schema_text, {"mode": "PERMISSIVE"})
+
+
 def with_envelope_from_avro(rows: DataFrame, schema_text: str) -> DataFrame:
-    return rows.withColumn(ENV, from_avro(body_col("value"), schema_text, {"mode": "PERMISSIVE"}))
+    return rows.withColumn(ENV, envelope_column(schema_text))
 
 
 def decoded_ok(required: str) -> Column:
@@ -64,7 +69,14 @@ def table_events(
     conversions: FieldConversions,
     key: tuple[str, ...] = (),
 ) -> DataFrame:
-    """Flatten decoded envelopes: meta columns + one column per source column.
+    """Flatten decoded envelopes: meta columns + one column per source column."""
+    return decoded.select(*event_columns(fields, conversions, key))
+
+
+def event_columns(
+    fields: tuple[RowField, ...], conversions: FieldConversions, key: tuple[str, ...] = ()
+) -> list[Column]:
+    """What `table_events` selects from the decoded envelopes of one writer schema.
 
     The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
     REPLICA IDENTITY FULL); t carries no row. A create that follows a key change also names
@@ -97,7 +109,7 @@ def table_events(
             toast = F.when(
                 F.array_contains(toast, name), F.concat(toast, F.array(*map(F.lit, extra)))
             ).otherwise(toast)
-    return decoded.select(
+    return [
         *_coords(),
         env["source"]["schema"].alias(SCHEMA),
         env["source"]["table"].alias(TABLE),
@@ -110,12 +122,17 @@ def table_events(
         decoded_ok("op").alias(OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
         *from_cols,
-    )
+    ]
 
 
 def markers(decoded: DataFrame) -> DataFrame:
+    return decoded.select(*marker_columns())
+
+
+def marker_columns() -> list[Column]:
+    """What `markers` selects from decoded transaction markers."""
     env = F.col(ENV)
-    return decoded.select(
+    return [
         *_coords(),
         env["status"].alias("_status"),
         env["id"].alias(TX_ID),
@@ -124,4 +141,4 @@ def markers(decoded: DataFrame) -> DataFrame:
         env["event_count"].alias("_event_count"),
         env["data_collections"].alias("_data_collections"),
         decoded_ok("status").alias(OK),
-    )
+    ]

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
 
 from spark_consumer import codegen_stable
+from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import (
     COMMIT_LSN,
     FIRST_SEEN,
@@ -79,14 +80,12 @@ def _key_bounds(key_type: DataType | None, key: str | None) -> tuple[Column, Col
     return none.cast("long"), none.cast("string")
 
 
-def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
-    key_type = next((f.dataType for f in events.schema.fields if f.name == key), None)
+def _data_columns(key_type: DataType | None, key: str | None) -> list[Column]:
+    """The summary rows' columns, from one table's decoded events."""
     k_long, k_str = _key_bounds(key_type, key)
-    reason = bad_reason()
-    later = codegen_stable.greater(COMMIT_LSN, watermark)
-    return events.filter(reason.isNotNull() | later).select(
+    return [
         F.lit("d").alias("kind"),
-        reason.alias("bad"),
+        bad_reason().alias("bad"),
         F.col(TX_ID).alias("tx"),
         F.concat_ws(".", SCHEMA, TABLE).alias("coll"),
         F.col(TOPIC).alias("topic"),
@@ -102,12 +101,19 @@ def _data_rows(events: DataFrame, key: str | None, watermark: int) -> DataFrame:
         F.lit(None).cast("string").alias("status"),
         F.lit(None).cast("array<struct<data_collection:string,event_count:long>>").alias("dcs"),
         F.lit(None).cast("long").alias("ts"),
-    )
+    ]
 
 
-def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
+def _data_rows(events: DataFrame, key: str | None, watermark: int, cache: ColumnCache) -> DataFrame:
+    key_type = next((f.dataType for f in events.schema.fields if f.name == key), None)
+    columns = cache.get(("summary-data", key, key_type), lambda: _data_columns(key_type, key))
+    unusable = cache.get("summary-bad", lambda: bad_reason().isNotNull())
     later = codegen_stable.greater(COMMIT_LSN, watermark)
-    return markers.filter(~F.col(OK) | later).select(
+    return events.filter(unusable | later).select(*columns)
+
+
+def _marker_columns() -> list[Column]:
+    return [
         F.lit("m").alias("kind"),
         F.when(~F.col(OK), F.lit(NOT_DECODED)).alias("bad"),
         F.col(TX_ID).alias("tx"),
@@ -125,7 +131,14 @@ def _marker_rows(markers: DataFrame, watermark: int) -> DataFrame:
         F.col("_status").alias("status"),
         F.col("_data_collections").alias("dcs"),
         F.col("_ts_ms").alias("ts"),
-    )
+    ]
+
+
+def _marker_rows(markers: DataFrame, watermark: int, cache: ColumnCache) -> DataFrame:
+    columns = cache.get("summary-markers", _marker_columns)
+    not_ok = cache.get("summary-not-ok", lambda: ~F.col(OK))
+    later = codegen_stable.greater(COMMIT_LSN, watermark)
+    return markers.filter(not_ok | later).select(*columns)
 
 
 def _nonempty(array: Column) -> Column:
@@ -169,53 +182,62 @@ def _pylist(column: pa.Array) -> list[Any]:
     return values
 
 
+def _group_columns() -> list[Column]:
+    return [F.col(c) for c in ("kind", "bad", "tx", "coll", "topic")]
+
+
+def _aggregates() -> list[Column]:
+    end = F.col("status") == "END"
+    first = F.min(F.struct("part", "off"))
+    return [
+        F.max("lsn").alias("lsn"),
+        # size(collect_set) rather than count_distinct: one hash aggregate, no Expand stage.
+        F.size(F.collect_set("ord")).alias("events"),
+        F.count(F.lit(1)).alias("records"),
+        F.min("seen").alias("seen"),
+        F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
+        F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
+        # Most events leave no TOAST value unchanged: collect only the non-empty lists,
+        # and null where none is (cheaper to bring back than an empty list).
+        _nonempty(
+            F.array_distinct(F.flatten(F.collect_set(F.when(F.size("toast") > 0, F.col("toast")))))
+        ).alias("toast"),
+        F.min("k_long").alias("kl_min"),
+        F.max("k_long").alias("kl_max"),
+        F.min("k_str").alias("ks_min"),
+        F.max("k_str").alias("ks_max"),
+        # A null in the bounds column means some event had no usable key value.
+        F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
+        # Any event but an insert: the insert-only MERGE is then out of the question.
+        F.max(F.col("op") != "c").alias("not_insert"),
+        F.max(end).alias("has_end"),
+        F.max(F.when(end, F.col("dcs"))).alias("dcs"),
+        F.max("ts").alias("ts"),
+        # Where the error message points: only for records that can't be used.
+        F.when(F.col("bad").isNotNull(), first["part"]).alias("first_part"),
+        F.when(F.col("bad").isNotNull(), first["off"]).alias("first_off"),
+    ]
+
+
 def collect(
     tables: Sequence[tuple[DataFrame, str | None]],
     markers: DataFrame,
     watermark: int,
     message_collection: str,
     now_ms: int,
+    cache: ColumnCache | None = None,
 ) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
     """Run the batch's one aggregation. `tables`: (decoded events, first key column or None).
-    Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`."""
-    parts = [_data_rows(df, key, watermark) for df, key in tables] + [
-        _marker_rows(markers, watermark)
+    Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`.
+    `cache`: the processor's, for the expressions every batch builds alike."""
+    cache = cache or ColumnCache()
+    parts = [_data_rows(df, key, watermark, cache) for df, key in tables] + [
+        _marker_rows(markers, watermark, cache)
     ]
     rows = reduce(DataFrame.unionByName, parts)
-    end = F.col("status") == "END"
-    first = F.min(F.struct("part", "off"))
     agg = (
-        rows.groupBy("kind", "bad", "tx", "coll", "topic")
-        .agg(
-            F.max("lsn").alias("lsn"),
-            # size(collect_set) rather than count_distinct: one hash aggregate, no Expand stage.
-            F.size(F.collect_set("ord")).alias("events"),
-            F.count(F.lit(1)).alias("records"),
-            F.min("seen").alias("seen"),
-            F.max(F.when(F.col("op") == "t", F.col("ord"))).alias("t_ord"),
-            F.count(F.when(F.col("op") == "t", 1)).alias("truncates"),
-            # Most events leave no TOAST value unchanged: collect only the non-empty lists,
-            # and null where none is (cheaper to bring back than an empty list).
-            _nonempty(
-                F.array_distinct(
-                    F.flatten(F.collect_set(F.when(F.size("toast") > 0, F.col("toast"))))
-                )
-            ).alias("toast"),
-            F.min("k_long").alias("kl_min"),
-            F.max("k_long").alias("kl_max"),
-            F.min("k_str").alias("ks_min"),
-            F.max("k_str").alias("ks_max"),
-            # A null in the bounds column means some event had no usable key value.
-            F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
-            # Any event but an insert: the insert-only MERGE is then out of the question.
-            F.max(F.col("op") != "c").alias("not_insert"),
-            F.max(end).alias("has_end"),
-            F.max(F.when(end, F.col("dcs"))).alias("dcs"),
-            F.max("ts").alias("ts"),
-            # Where the error message points: only for records that can't be used.
-            F.when(F.col("bad").isNotNull(), first["part"]).alias("first_part"),
-            F.when(F.col("bad").isNotNull(), first["off"]).alias("first_off"),
-        )
+        rows.groupBy(*cache.get("summary-groups", _group_columns))
+        .agg(*cache.get("summary-aggregates", _aggregates))
         # As Arrow, converted a slice at a time: a catch-up batch brings back ~185k of these
         # rows, and as pickled Rows (built one by one, each field looked up by name) they took
         # about 10 s of the driver's Python per batch and raised its RSS by ~500 MB.
