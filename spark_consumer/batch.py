@@ -597,6 +597,7 @@ class BatchProcessor:
             lake=lake,
             handle=known.handle if isinstance(known, merge.Applied) else None,
             commit_lsns=(lo, hi),
+            cache=self._columns,
         )
         applied = merge.apply(self.spark, tc)
         self._lake[path] = applied

@@ -35,6 +35,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from delta.tables import DeltaTable
 from pyspark import StorageLevel
@@ -44,6 +45,7 @@ from pyspark.sql.types import DataType, LongType, StringType, StructField, Struc
 from pyspark.sql.window import Window
 
 from spark_consumer import lake_state
+from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
 from spark_consumer.key_change_toast import resolve_moved_toast
@@ -95,6 +97,9 @@ class TableChanges:
     # A handle on the table this job opened before (its schema unchanged since): opening one
     # reads the log again and analyses a query over the table.
     handle: DeltaTable | None = None
+    # The processor's expressions built once (column_cache.py): a MERGE's clauses are a few
+    # Py4J round trips per column, the same for every batch of a table.
+    cache: ColumnCache = field(default_factory=ColumnCache)
 
     @property
     def name(self) -> str:
@@ -287,6 +292,7 @@ def collapse(
     columns: tuple[str, ...],
     toast_cols: list[str],
     first_op: bool = False,
+    cache: ColumnCache | None = None,
 ) -> DataFrame:
     """Last change per key; unchanged TOAST columns resolved from earlier changes in the batch.
 
@@ -296,7 +302,7 @@ def collapse(
     """
     last_cols = [c for c in (*columns, *LAKE_META, TOAST) if c not in key]
     if not toast_cols:
-        return _last_per_key(changes, key, last_cols, first_op)
+        return _last_per_key(changes, key, last_cols, first_op, cache)
     if first_op:
         raise ValueError("collapse: first_op is only computed without TOAST columns")
     aggs = [F.max_by(F.struct(*[F.col(c) for c in last_cols]), _order()).alias("_last")]
@@ -324,7 +330,11 @@ def collapse(
 
 
 def _last_per_key(
-    changes: DataFrame, key: tuple[str, ...], last_cols: list[str], first_op: bool = False
+    changes: DataFrame,
+    key: tuple[str, ...],
+    last_cols: list[str],
+    first_op: bool = False,
+    cache: ColumnCache | None = None,
 ) -> DataFrame:
     """The change no other change of its key follows in (commit_lsn, total_order) order.
 
@@ -338,20 +348,39 @@ def _last_per_key(
     (commit_lsn, total_order) and carry the same change, so keeping the one that sorts last is
     exact. The first change's op comes from the same window, so it costs no other sort.
     """
-    order = Window.partitionBy(*key).orderBy(COMMIT_LSN, TOTAL_ORDER)
-    out = changes.select(*key, *last_cols).withColumn(_NEXT, F.lead(F.lit(True)).over(order))
+    cache = cache or ColumnCache()
+    nxt, first, last = cache.get(("last-per-key", key), partial(_window_columns, key))
+    out = changes.select(*key, *last_cols).withColumn(_NEXT, nxt)
     if first_op:
-        out = out.withColumn(_FIRST_OP, F.first(OP).over(order))
-    return out.filter(F.col(_NEXT).isNull()).drop(_NEXT)
+        out = out.withColumn(_FIRST_OP, first)
+    return out.filter(last).drop(_NEXT)
+
+
+def _window_columns(key: tuple[str, ...]) -> tuple[Column, Column, Column]:
+    """`_last_per_key`'s columns: the next change's flag, the first change's op, and whether a
+    change is its key's last."""
+    order = Window.partitionBy(*key).orderBy(COMMIT_LSN, TOTAL_ORDER)
+    return F.lead(F.lit(True)).over(order), F.first(OP).over(order), F.col(_NEXT).isNull()
 
 
 def _insert_values(tc: TableChanges, target_cols: list[str]) -> dict[str, str | Column]:
+    return tc.cache.get(
+        ("insert-values", tc.columns, tuple(target_cols)),
+        lambda: _expressions(_insert_sql(tc.columns, target_cols)),
+    )
+
+
+def _insert_sql(columns: tuple[str, ...], target_cols: list[str]) -> dict[str, str]:
     # A column the writer no longer has (dropped at the source) gets NULL.
-    values: dict[str, str | Column] = {
-        f"`{c}`": (f"s.`{c}`" if c in tc.columns else "NULL") for c in target_cols
-    }
+    values = {f"`{c}`": (f"s.`{c}`" if c in columns else "NULL") for c in target_cols}
     values.update({m: f"s.{m}" for m in LAKE_META})
     return values
+
+
+def _expressions(sql: Mapping[str, str]) -> dict[str, str | Column]:
+    """A MERGE clause's assignments as parsed Columns: Delta's builder parses each string
+    again on every call (three Py4J round trips each), a Column it passes on as it is."""
+    return {name: F.expr(value) for name, value in sql.items()}
 
 
 def inserts_only_applies(tc: TableChanges) -> bool:
@@ -379,9 +408,19 @@ def inserts_only_applies(tc: TableChanges) -> bool:
     )
 
 
+def _key_match(tc: TableChanges) -> Column:
+    return tc.cache.get(
+        ("key-match", tc.key), lambda: F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    )
+
+
+def _op_is(tc: TableChanges, op: str) -> Column:
+    return tc.cache.get(("op-is", op), lambda: F.col(OP) == op)
+
+
 def _inserts_only_apply(target: Target, tc: TableChanges, target_cols: list[str]) -> None:
-    source = tc.changes.filter(F.col(OP) == "c")
-    on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    source = tc.changes.filter(_op_is(tc, "c"))
+    on = _key_match(tc)
     key_range = _key_range(tc)
     if key_range is not None:
         on = on & key_range
@@ -424,10 +463,18 @@ def _append_applies(spark: SparkSession, tc: TableChanges) -> bool:
 def _append(target: Target, tc: TableChanges, rows: DataFrame, target_cols: list[str]) -> None:
     types = target.types
     # A column the writer no longer has (dropped at the source) gets NULL.
-    values = [
-        F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c) for c in target_cols
-    ]
-    (rows.select(*values, *LAKE_META).write.format("delta").mode("append").save(tc.path))
+    missing = tuple((c, types[c]) for c in target_cols if c not in tc.columns)
+    values = tc.cache.get(
+        ("append", tuple(target_cols), missing),
+        lambda: [
+            *(
+                F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c)
+                for c in target_cols
+            ),
+            *map(F.col, LAKE_META),
+        ],
+    )
+    rows.select(*values).write.format("delta").mode("append").save(tc.path)
 
 
 def _empty_target_applies(spark: SparkSession, tc: TableChanges) -> bool:
@@ -452,7 +499,7 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> Target:
     target_cols = _target_columns(target, tc)
     if inserts_only_applies(tc):
         if may_append:  # distinct inserts: every key starts with its only change
-            _append(target, tc, tc.changes.filter(F.col(OP) == "c"), target_cols)
+            _append(target, tc, tc.changes.filter(_op_is(tc, "c")), target_cols)
         else:
             _inserts_only_apply(target, tc, target_cols)
         return target
@@ -460,10 +507,10 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> Target:
     point = tc.truncate
     if point is not None:
         changes = changes.filter(_after(point))
-    changes = changes.filter(F.col(OP).isin("c", "r", "u", "d"))
+    changes = changes.filter(tc.cache.get("row-op", lambda: F.col(OP).isin("c", "r", "u", "d")))
     toast_cols = _toast_columns(tc)
     if empty and not toast_cols:
-        last = collapse(changes, tc.key, tc.columns, [])  # read once: not cached
+        last = collapse(changes, tc.key, tc.columns, [], cache=tc.cache)  # read once: not cached
         _append(target, tc, last.filter(F.col(OP) != "d"), target_cols)
         return target
     if toast_cols:
@@ -473,7 +520,9 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> Target:
         lake = spark.read.format("delta").load(tc.path)
         changes = resolve_moved_toast(changes, lake, tc.key, toast_cols)
     # Cached: it is read by the checks below and twice by the MERGE (matches, then writes).
-    collapsed = collapse(changes, tc.key, tc.columns, toast_cols, first_op=may_append)
+    collapsed = collapse(
+        changes, tc.key, tc.columns, toast_cols, first_op=may_append, cache=tc.cache
+    )
     collapsed = collapsed.persist(_CACHE)
     try:
         if may_append and not collapsed.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
@@ -497,37 +546,61 @@ def _merge(
 ) -> None:
     point = tc.truncate
     # A truncate must see every target row (not-matched-by-source), so no range then.
-    on = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    on = _key_match(tc)
     key_range = None if point is not None else _key_range(tc)
     if key_range is not None:
         on = on & key_range
+    clauses = tc.cache.get(
+        ("merge", tc.key, tc.columns, tuple(target_cols), tuple(toast_cols)),
+        partial(_merge_clauses, tc.key, tc.columns, target_cols, toast_cols),
+    )
+    merge = (
+        table.alias("t")
+        .merge(source.alias("s"), on)
+        .whenMatchedDelete(clauses.delete_when)
+        .whenMatchedUpdate(clauses.update_when, clauses.sets)
+        .whenNotMatchedInsert(clauses.insert_when, clauses.inserts)
+    )
+    if point is not None:
+        merge = merge.whenNotMatchedBySourceDelete(_before_sql(point))
+    merge.execute()
+
+
+@dataclass(frozen=True)
+class _MergeClauses:
+    """The guarded MERGE's conditions and assignments for one table schema."""
+
+    delete_when: Column
+    update_when: Column
+    insert_when: Column
+    sets: dict[str, str | Column]
+    inserts: dict[str, str | Column]
+
+
+def _merge_clauses(
+    key: tuple[str, ...], columns: tuple[str, ...], target_cols: list[str], toast_cols: list[str]
+) -> _MergeClauses:
     newer = _newer()
 
     def value(c: str, matched: bool) -> str:
-        if c not in tc.columns:
+        if c not in columns:
             return "NULL"  # a column the writer no longer has: dropped at the source
         if c in toast_cols:
             keep = f"t.`{c}`" if matched else "NULL"
             return f"CASE WHEN array_contains(s.{TOAST}, '{c}') AND NOT s.`_has_{c}` THEN {keep} ELSE s.`{c}` END"
         return f"s.`{c}`"
 
-    sets: dict[str, str | Column] = {
-        f"`{c}`": value(c, True) for c in target_cols if c not in tc.key
-    }
+    sets = {f"`{c}`": value(c, True) for c in target_cols if c not in key}
     sets.update({m: f"s.{m}" for m in LAKE_META})
-    inserts: dict[str, str | Column] = {f"`{c}`": value(c, False) for c in target_cols}
+    inserts = {f"`{c}`": value(c, False) for c in target_cols}
     inserts.update({m: f"s.{m}" for m in LAKE_META})
-
-    merge = (
-        table.alias("t")
-        .merge(source.alias("s"), on)
-        .whenMatchedDelete(f"s.{OP} = 'd' AND {newer}")
-        .whenMatchedUpdate(f"s.{OP} <> 'd' AND {newer}", sets)
-        .whenNotMatchedInsert(f"s.{OP} <> 'd'", inserts)
+    return _MergeClauses(
+        delete_when=F.expr(f"s.{OP} = 'd' AND {newer}"),
+        update_when=F.expr(f"s.{OP} <> 'd' AND {newer}"),
+        insert_when=F.expr(f"s.{OP} <> 'd'"),
+        sets=_expressions(sets),
+        inserts=_expressions(inserts),
     )
-    if point is not None:
-        merge = merge.whenNotMatchedBySourceDelete(_before_sql(point))
-    merge.execute()
 
 
 def _check_toast_targets(
@@ -561,7 +634,9 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> Target:
     if point is not None:
         table.delete(_before_sql(point, t=""))
         changes = changes.filter(_after(point))
-    rows = changes.filter(F.col(OP) != "t").dropDuplicates([COMMIT_LSN, TOTAL_ORDER])
+    rows = changes.filter(tc.cache.get("not-truncate", lambda: F.col(OP) != "t")).dropDuplicates(
+        [COMMIT_LSN, TOTAL_ORDER]
+    )
     inserts = _insert_values(tc, target_cols)
     on = f"t.{COMMIT_LSN} = s.{COMMIT_LSN} AND t.{TOTAL_ORDER} = s.{TOTAL_ORDER}"
     if tc.commit_lsns is not None:
