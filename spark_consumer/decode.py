@@ -125,12 +125,8 @@ def event_columns(
     ]
 
 
-def markers(decoded: DataFrame) -> DataFrame:
-    return decoded.select(*marker_columns())
-
-
 def marker_columns() -> list[Column]:
-    """What `markers` selects from decoded transaction markers."""
+    """What a batch selects from decoded transaction markers."""
     env = F.col(ENV)
     return [
         *_coords(),
