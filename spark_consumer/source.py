@@ -10,6 +10,25 @@ from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.errors import ConfigError
 
+# Spark writes the query's offsets and commits, and Delta its checksum files, through Spark's
+# CheckpointFileManager. The default one goes through Hadoop's FileContext, whose rename asks
+# for the link status of both paths; Hadoop's local file system, without its native library,
+# gets that by running `readlink` in a child process. A JVM profile of the freshness benchmark
+# found the batch's thread spending 0.16 s per batch in those spawns (Spark's walCommit and
+# commitOffsets phases were little else). The FileSystem-based manager renames with the
+# FileSystem API (`File.renameTo`, an atomic replace on a POSIX file system), no child process:
+# used only when the checkpoint and the lake are local paths; object stores keep Spark's choice.
+CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+FILE_SYSTEM_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+)
+
+
+def local_path(path: str) -> bool:
+    """A path on this machine's file system: no scheme, or `file:`."""
+    scheme, sep, _rest = path.partition(":")
+    return not sep or scheme.lower() == "file"
+
 
 def check_transaction_topic(config: ConsumerConfig, timeout_s: float = 30.0) -> None:
     """Reassembly relies on markers in commit order: the transaction topic must have exactly
@@ -53,6 +72,8 @@ def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
 
 def start(spark: SparkSession, config: ConsumerConfig, processor: BatchProcessor) -> StreamingQuery:
     check_transaction_topic(config)
+    if local_path(config.checkpoint_path) and local_path(config.lake_path):
+        spark.conf.set(CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_MANAGER)
     writer = (
         kafka_stream(spark, config)
         .writeStream.queryName("walbridge-consumer")

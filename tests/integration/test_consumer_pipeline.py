@@ -21,7 +21,7 @@ from spark_consumer import transaction_stats
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.errors import ConfigError
-from spark_consumer.source import start
+from spark_consumer.source import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_MANAGER, start
 from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import (
     ColumnSpec,
@@ -160,6 +160,10 @@ def test_whole_transactions_in_commit_order(harness: Harness) -> None:
     ]
     first = harness.progress()[-1]
     assert first["commit_lsn"] == 1000 and first["pending_transactions"] == 2
+    # A local checkpoint and lake: the query's offsets and commits went through the FileSystem
+    # API, not FileContext (source.py); the runs below restart from them.
+    assert harness.spark.conf.get(CHECKPOINT_FILE_MANAGER) == FILE_SYSTEM_MANAGER
+    assert (Path(harness.config.checkpoint_path) / "commits" / "0").is_file()
     assert [r["msg"] for r in harness.rows("bank", "audit")] == ["opened"]
 
     # Batch 2: the missing event arrives (on another partition): t2 and t3 apply.

@@ -183,3 +183,20 @@ def test_checkpoint_due_every_ten_versions_past_the_last() -> None:
     assert not due(11, 11)
     assert due(12, 2, every=10)
     assert due(3, -1, every=3)
+
+
+@pytest.mark.parametrize(
+    ("path", "local"),
+    [
+        ("/var/lib/walbridge/lake", True),
+        ("lake", True),
+        ("file:///tmp/cp", True),
+        ("FILE:/tmp/cp", True),
+        ("s3a://bucket/lake", False),
+        ("abfss://c@a.dfs.core.windows.net/lake", False),
+    ],
+)
+def test_local_paths_take_the_file_system_checkpoint_manager(path: str, local: bool) -> None:
+    from spark_consumer.source import local_path
+
+    assert local_path(path) is local
