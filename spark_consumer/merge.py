@@ -292,7 +292,8 @@ def collapse(
     columns: tuple[str, ...],
     toast_cols: list[str],
     first_op: bool = False,
-    cache: ColumnCache | None = None,
+    *,
+    cache: ColumnCache,
 ) -> DataFrame:
     """Last change per key; unchanged TOAST columns resolved from earlier changes in the batch.
 
@@ -302,7 +303,7 @@ def collapse(
     """
     last_cols = [c for c in (*columns, *LAKE_META, TOAST) if c not in key]
     if not toast_cols:
-        return _last_per_key(changes, key, last_cols, first_op, cache)
+        return _last_per_key(changes, key, last_cols, first_op, cache=cache)
     if first_op:
         raise ValueError("collapse: first_op is only computed without TOAST columns")
     aggs = [F.max_by(F.struct(*[F.col(c) for c in last_cols]), _order()).alias("_last")]
@@ -334,7 +335,8 @@ def _last_per_key(
     key: tuple[str, ...],
     last_cols: list[str],
     first_op: bool = False,
-    cache: ColumnCache | None = None,
+    *,
+    cache: ColumnCache,
 ) -> DataFrame:
     """The change no other change of its key follows in (commit_lsn, total_order) order.
 
@@ -348,7 +350,6 @@ def _last_per_key(
     (commit_lsn, total_order) and carry the same change, so keeping the one that sorts last is
     exact. The first change's op comes from the same window, so it costs no other sort.
     """
-    cache = cache or ColumnCache()
     nxt, first, last = cache.get(("last-per-key", key), partial(_window_columns, key))
     out = changes.select(*key, *last_cols).withColumn(_NEXT, nxt)
     if first_op:

@@ -225,12 +225,11 @@ def collect(
     watermark: int,
     message_collection: str,
     now_ms: int,
-    cache: ColumnCache | None = None,
+    cache: ColumnCache,
 ) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
     """Run the batch's one aggregation. `tables`: (decoded events, first key column or None).
     Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`.
     `cache`: the processor's, for the expressions every batch builds alike."""
-    cache = cache or ColumnCache()
     parts = [_data_rows(df, key, watermark, cache) for df, key in tables] + [
         _marker_rows(markers, watermark, cache)
     ]
