@@ -92,7 +92,7 @@ class ProducerConfig:
         64 * 1024 * 1024, help="bytes per snapshot chunk, about (TOASTed rows make smaller chunks)"
     )
     snapshot_chunk_budget_ms: int = setting(
-        50,
+        5,
         help="while changes stream, a snapshot chunk is sized to about this much publishing "
         "time (streamed changes wait behind it)",
     )

@@ -31,15 +31,22 @@ from producer.snapshot.watermarks import (
 log = logging.getLogger(__name__)
 
 _EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
+# A walsender decodes only WAL flushed to disk. Under synchronous_commit=off a watermark's commit
+# reached the stream only at the WAL writer's next flush (up to wal_writer_delay, 200 ms by
+# default, per watermark: a quarter of a 1M-row snapshot's time on a cluster set so). ``local``
+# flushes the reader's own commits and still never waits for synchronous standbys.
+_SESSION_OPTIONS = "-c synchronous_commit=local"
 _RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 
 
 def reader_conninfo(dsn: str) -> str:
-    """A SQL session whose text output matches the walsender's (copy_text says why)."""
+    """A SQL session whose text output matches the walsender's (copy_text says why) and whose
+    watermarks reach the stream at once."""
     info = sql_conninfo(dsn, application_name="walbridge_snapshot", connect_timeout=10)
     params = psycopg.conninfo.conninfo_to_dict(info)
     params["client_encoding"] = "UTF8"
-    params["options"] = f"{params.get('options', '')} {WALSENDER_OUTPUT_OPTIONS}".strip()
+    options = f"{params.get('options', '')} {WALSENDER_OUTPUT_OPTIONS} {_SESSION_OPTIONS}"
+    params["options"] = options.strip()
     return psycopg.conninfo.make_conninfo("", **params)
 
 

@@ -18,8 +18,9 @@ runs: a second table of N rows (bench_replication's 8 columns) is in the publica
 ``--rounds`` times, one phase of ``--seconds`` runs with no snapshot, then the snapshot is asked
 for (``walbridge-producer snapshot public.<table>``) and, once its first chunk is published, a
 phase of the same length runs beside it. Each event belongs to the phase its commit fell in;
-p99 with ÷ p99 without is printed per round and over all rounds (target < 2). A phase the
-snapshot did not cover to its end is reported (use more rows).
+p99 with ÷ p99 without is printed per round and over all rounds (target < 2), with the snapshot's
+rows/s during the phase (what the chunk budget trades for that latency). A phase the snapshot
+did not cover to its end is reported (use more rows).
 """
 
 from __future__ import annotations
@@ -127,11 +128,15 @@ def snapshotting(producer: ProducerProcess) -> bool:
     return "snapshotting" in producer.http("/readyz")[1]
 
 
+Phase = tuple[str, float, float, bool, float]
+
+
 def snapshot_phases(
     args: argparse.Namespace, dsn: str, table: str, big: str, producer: ProducerProcess
-) -> tuple[int, list[tuple[str, float, float, bool]]]:
-    """(transactions, [(phase, first commit ms, last commit ms, snapshot ran throughout)])."""
-    phases: list[tuple[str, float, float, bool]] = []
+) -> tuple[int, list[Phase]]:
+    """(transactions, [(phase, first commit ms, last commit ms, snapshot ran throughout,
+    snapshot rows published meanwhile)])."""
+    phases: list[Phase] = []
     sent = 0
     for _ in range(args.rounds):
         deadline = time.monotonic() + 600
@@ -140,7 +145,7 @@ def snapshot_phases(
             time.sleep(0.5)
         began = time.time() * 1000
         sent += run_writers(dsn, table, args.rate, args.rows, args.seconds, args.writers)
-        phases.append(("without", began, time.time() * 1000, True))
+        phases.append(("without", began, time.time() * 1000, True, 0.0))
         before = metric(producer, "walbridge_snapshot_rows_total")
         subprocess.run(
             [sys.executable, "-m", "producer", "snapshot", f"public.{big}"],
@@ -150,8 +155,10 @@ def snapshot_phases(
             assert time.monotonic() < deadline, producer.log()
             time.sleep(0.05)
         began = time.time() * 1000
+        rows_before = metric(producer, "walbridge_snapshot_rows_total")
         sent += run_writers(dsn, table, args.rate, args.rows, args.seconds, args.writers)
-        phases.append(("with", began, time.time() * 1000, snapshotting(producer)))
+        rows = metric(producer, "walbridge_snapshot_rows_total") - rows_before
+        phases.append(("with", began, time.time() * 1000, snapshotting(producer), rows))
     return sent, phases
 
 
@@ -206,7 +213,7 @@ def main() -> None:
         log_level="WARNING", snapshot="never",
         **({} if args.chunk_budget_ms is None else {"snapshot_chunk_budget_ms": args.chunk_budget_ms}),
     ).start()  # fmt: skip
-    phases: list[tuple[str, float, float, bool]] = []
+    phases: list[Phase] = []
     try:
         if args.snapshot_rows:
             sent, phases = snapshot_phases(args, dsn, table, big, producer)
@@ -247,7 +254,7 @@ def main() -> None:
             _kind, appended_ms = m.timestamp()
             committed = value["source"]["ts_ms"]
             latencies.append(appended_ms - committed)
-            for i, (_, began, ended, _) in enumerate(phases):
+            for i, (_, began, ended, _, _) in enumerate(phases):
                 if began - 1 <= committed <= ended + 1:
                     by_phase[i].append(appended_ms - committed)
     consumer.close()
@@ -276,17 +283,16 @@ def main() -> None:
         report_phases(phases, by_phase)
 
 
-def report_phases(
-    phases: list[tuple[str, float, float, bool]], by_phase: list[list[float]]
-) -> None:
+def report_phases(phases: list[Phase], by_phase: list[list[float]]) -> None:
     p99s: dict[str, list[float]] = {"without": [], "with": []}
-    for (kind, _began, _ended, covered), values in zip(phases, by_phase, strict=True):
+    for (kind, began, ended, covered, rows), values in zip(phases, by_phase, strict=True):
         p = statistics.quantiles(sorted(values), n=100)
         p99s[kind].append(p[98])
         note = "" if covered else " (the snapshot ended before this phase did: use more rows)"
+        rate = f"; snapshot {rows / ((ended - began) / 1000):,.0f} rows/s" if kind == "with" else ""
         print(
             f"  {kind:>7} snapshot: {len(values):,} events, p50 {p[49]:.0f} ms, "
-            f"p99 {p[98]:.0f} ms{note}"
+            f"p99 {p[98]:.0f} ms{rate}{note}"
         )
     for i, (without, with_) in enumerate(zip(p99s["without"], p99s["with"], strict=True)):
         print(f"round {i + 1}: p99 with ÷ without a snapshot {with_ / max(without, 1.0):.2f}")

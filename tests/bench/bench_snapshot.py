@@ -12,7 +12,13 @@ its time is rows into Kafka, acknowledged. Baselines, in the same run:
 
 - rows/s: ``COPY (SELECT * FROM table) TO STDOUT`` read to nowhere through psycopg (what
   PostgreSQL and the client library need to hand the rows over at all); target ratio >= 0.6;
-- memory: the same producer command on an empty table (its idle peak RSS); target ratio < 2.
+- memory: the same producer command on an empty table (its idle peak RSS); target ratio < 2;
+- Kafka's ceiling on this machine: the snapshot's own events, read back from its topic (up to
+  ``--ceiling-sample`` of them, cycled) and produced again to a new topic with the producer's
+  librdkafka settings, one ``produce`` call per pre-encoded event and no delivery callback but
+  errors', then flushed: what merely handing that many events to Kafka and having them
+  acknowledged costs here, with nothing read from PostgreSQL and nothing encoded. It bounds any
+  producer's snapshot rate on this machine, so ceiling / COPY bounds the rows/s ratio.
 
 The COPY baseline is timed before and after the snapshot and averaged (the machine may be
 shared); the producer's CPU time per row and the load average are printed with the figures.
@@ -34,11 +40,17 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_producer import stack_env
 from bench_replication import generate
+
+from producer.config import load_config
+from producer.kafka_sink import producer_settings
+from schemas.topics import table_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,9 +99,9 @@ def _children_cpu_s() -> float:
 
 def run_snapshot(
     env: dict[str, str], schema: str, publication: str, profile: str | None = None
-) -> tuple[float, float, int, float]:
+) -> tuple[float, float, int, float, str]:
     """(seconds from start to exit, seconds from "snapshot started" to "snapshot done", peak
-    RSS kB sampled every 50 ms, CPU seconds of the producer process)."""
+    RSS kB sampled every 50 ms, CPU seconds of the producer process, its topic prefix)."""
     tag = uuid.uuid4().hex[:8]
     slot = f"benchs_{tag}"
     child_env = (
@@ -146,10 +158,75 @@ def run_snapshot(
             )
         ]
         snapshot_s = stamps[-1] - stamps[0] if len(stamps) >= 2 else seconds
-        return seconds, snapshot_s, peak, cpu_s
+        return seconds, snapshot_s, peak, cpu_s, f"benchs{tag}"
     finally:
         with psycopg.connect(env["WALBRIDGE_PG_DSN"], autocommit=True) as db:
             db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def read_events(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | None, bytes]]:
+    """Up to ``limit`` (key, value) pairs of ``topic``, from the start of each partition."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+         "enable.auto.commit": False, "enable.partition.eof": True}
+    )  # fmt: skip
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0: the first offset
+        events: list[tuple[bytes | None, bytes]] = []
+        ended: set[int] = set()
+        while len(events) < limit and len(ended) < len(partitions):
+            for message in consumer.consume(10_000, timeout=1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == error._PARTITION_EOF:
+                        ended.add(message.partition())
+                        continue
+                    sys.exit(f"reading {topic}: {error}")
+                events.append((message.key(), message.value()))
+        return events[:limit]
+    finally:
+        consumer.close()
+
+
+def kafka_ceiling(
+    env: dict[str, str], topic: str, rows: int, sample: int
+) -> tuple[float, int, float]:
+    """(seconds, events sampled, mean event bytes): ``rows`` events from ``topic`` (the first
+    ``sample`` of them, cycled) produced to a new topic of as many partitions with the
+    producer's own librdkafka settings and acknowledged (``flush``; only errors reported)."""
+    bootstrap = env["WALBRIDGE_KAFKA_BOOTSTRAP"]
+    events = read_events(bootstrap, topic, sample)
+    if not events:
+        sys.exit(f"no events in {topic}")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+    target = f"{topic}.ceiling"
+    admin.create_topics([NewTopic(target, partitions)])[target].result(timeout=30)
+    errors: list[str] = []
+    settings = producer_settings(load_config([], env))
+    producer = Producer(
+        {**settings, "delivery.report.only.error": True,
+         "on_delivery": lambda error, _message: errors.append(str(error))}
+    )  # fmt: skip
+    produce, count = producer.produce, len(events)
+    try:
+        began = time.perf_counter()
+        for i in range(rows):
+            key, value = events[i % count]
+            while True:
+                try:
+                    produce(target, value, key)
+                    break
+                except BufferError:  # the local queue is full: wait for deliveries, then retry
+                    producer.poll(0.05)
+        if producer.flush(300) or errors:
+            sys.exit(f"Kafka ceiling: {len(producer)} undelivered, errors {errors[:3]}")
+        seconds = time.perf_counter() - began
+    finally:
+        admin.delete_topics([target])
+    mean_bytes = sum(len(v) + len(k or b"") for k, v in events) / count
+    return seconds, count, mean_bytes
 
 
 def main() -> None:
@@ -163,8 +240,19 @@ def main() -> None:
         action="store_true",
         help="the table without a primary key (read whole, spooled to disk, published in batches)",
     )
+    parser.add_argument(
+        "--chunk-rows", type=int, help="the producer's --snapshot-chunk-rows (default: its own)"
+    )
+    parser.add_argument(
+        "--ceiling-sample",
+        type=int,
+        default=1_000_000,
+        help="events read back for the Kafka ceiling (cycled up to --rows; bounds its memory)",
+    )
     args = parser.parse_args()
     env = stack_env()
+    if args.chunk_rows:
+        env["WALBRIDGE_SNAPSHOT_CHUNK_ROWS"] = str(args.chunk_rows)
     if args.keyless:
         # The whole table is one high watermark's transaction, under exactly-once one Kafka
         # transaction: allow the broker's default maximum (transaction.max.timeout.ms).
@@ -187,7 +275,7 @@ def main() -> None:
                 f"COPY to nowhere (before): {copy_before:7.1f}s  {args.rows / copy_before:>10,.0f} rows/s"
             )
             load = os.getloadavg()[0]
-            total_s, snap_s, peak_kb, cpu_s = run_snapshot(
+            total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
                 env, schema, f"{schema}_pub", args.profile
             )
             print(
@@ -199,10 +287,23 @@ def main() -> None:
             print(
                 f"COPY to nowhere (after):  {copy_after:7.1f}s  {args.rows / copy_after:>10,.0f} rows/s"
             )
+            ceiling_s, sampled, mean_bytes = kafka_ceiling(
+                env, table_topic(prefix, schema, "rows"), args.rows, args.ceiling_sample
+            )
+            print(
+                f"Kafka ceiling:            {ceiling_s:7.1f}s  {args.rows / ceiling_s:>10,.0f} rows/s"
+                f"  (the snapshot's events, {sampled:,} read back and cycled,"
+                f" {mean_bytes:.0f} bytes each with the key)"
+            )
             load = (load + os.getloadavg()[0]) / 2
             copy_s = (copy_before + copy_after) / 2
-            _, _, idle_kb, _ = run_snapshot(env, empty, f"{empty}_pub")
+            _, _, idle_kb, _, _ = run_snapshot(env, empty, f"{empty}_pub")
             print(f"ratio rows/s snapshot/COPY: {copy_s / snap_s:.2f} (target >= 0.6)")
+            print(
+                f"ratio rows/s Kafka ceiling/COPY: {copy_s / ceiling_s:.2f}"
+                f" (the most any producer's snapshot/COPY could be here);"
+                f" snapshot/Kafka ceiling: {ceiling_s / snap_s:.2f}"
+            )
             print(
                 f"peak RSS: {peak_kb / 1024:.0f} MB snapshotting, {idle_kb / 1024:.0f} MB idle;"
                 f" ratio {peak_kb / idle_kb:.2f} (target < 2)"

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from schemas import snapshot_state
 from tests.support.producer_harness import (
     ProducerProcess,
     Record,
@@ -224,15 +225,17 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
     rows = 40_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [other], "snapadd")
+    # Chunks of 10,000 rows (the budget keeps streamed changes from shrinking them): the two
+    # that hold the hot range are each read in some 10-20 ms between their watermarks, and at
+    # 200 transactions/s about 3.5 hot updates per transaction land in them. With 500-row
+    # chunks read in a few milliseconds each (watermarks flushed at once, snapshot pacing),
+    # 4 runs in 10 saw no update land inside a window.
     producer = ProducerProcess(
-        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=500
-    )
+        source, kafka_bootstrap, registry_url, snapshot="initial",
+        snapshot_chunk_rows=10_000, snapshot_chunk_budget_ms=1000,
+    )  # fmt: skip
     try:
         producer.start()
-        # Every chunk of the hot range is read while its rows are being updated. 200
-        # transactions/s: a chunk is read between its watermarks in a few milliseconds once
-        # the stream caught up (snapshot pacing), and at 50/s some runs saw no update land
-        # inside a window.
         with Writer(pg_dsn, table, rows, hot=range(1, 20_000, 25), per_second=200):
             sql(pg_dsn, f"ALTER PUBLICATION {source.publication} ADD TABLE {table}")
             wait_snapshots_done(producer, table)
@@ -252,10 +255,12 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
 def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
     pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
 ) -> None:
-    rows = 60_000
+    rows = 120_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapk")
-    settings = {"snapshot": "never", "snapshot_chunk_rows": 1000}
+    # 1,200 chunks, a few seconds: a chunk takes a few milliseconds (its watermarks reach the
+    # stream at once), and the kill below must come before the snapshot ends.
+    settings = {"snapshot": "never", "snapshot_chunk_rows": 100}
     producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
     try:
         producer.start()
@@ -270,10 +275,17 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
             )
             assert asked.returncode == 0, asked.stderr
             assert f"snapshot requested for public.{table}" in asked.stdout
-            deadline = time.monotonic() + 120
-            while metric(producer, "walbridge_snapshot_rows_total") < rows / 3:
+            # Killed once Kafka holds a resume record past the first chunks. The record is
+            # written after its chunk's transaction is acknowledged, so a kill before that
+            # rightly starts the table over, which says nothing about resuming.
+            name, deadline = f"public.{table}", time.monotonic() + 120
+            conf = {"bootstrap.servers": kafka_bootstrap}
+            while (
+                state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
+            ) is None or state.rows < 2000:
                 assert time.monotonic() < deadline, producer.log()
-                time.sleep(0.2)
+                time.sleep(0.05)
+            assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
             producer.kill()  # kill -9 in the middle of the snapshot
             before_restart = writer.transactions
             producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)

@@ -40,7 +40,7 @@ def test_flags_override_missing_env_and_bools_parse() -> None:
 
 
 def test_snapshot_chunk_budget_is_read_in_milliseconds() -> None:
-    assert load_config([], BASE).snapshot_chunk_budget_ms == 50
+    assert load_config([], BASE).snapshot_chunk_budget_ms == 5
     env = BASE | {"WALBRIDGE_SNAPSHOT_CHUNK_BUDGET_MS": "20"}
     assert load_config([], env).snapshot_chunk_budget_ms == 20
 

@@ -12,6 +12,7 @@ from producer.replication.dsn import (
     replication_conninfo,
     sql_conninfo,
 )
+from producer.snapshot.reader import reader_conninfo
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +94,16 @@ def test_replication_conninfo_appends_pinned_output_options_after_the_callers() 
     )
     # libpq applies -c settings in order, so the pinned formats come last and win.
     assert params["options"] == f"-c DateStyle=German -c work_mem=8MB {WALSENDER_OUTPUT_OPTIONS}"
+
+
+def test_snapshot_reader_flushes_its_watermarks_after_the_callers_options() -> None:
+    # Under the caller's synchronous_commit=off a watermark would reach the walsender only at
+    # the WAL writer's next flush; the reader's own setting comes last, so it wins.
+    params = conninfo_to_dict(
+        reader_conninfo("host=db options='-c synchronous_commit=off -c work_mem=8MB'")
+    )
+    options = params["options"]
+    assert options.startswith("-c synchronous_commit=off -c work_mem=8MB ")
+    assert options.endswith("-c synchronous_commit=local")
+    assert WALSENDER_OUTPUT_OPTIONS in options
+    assert params["application_name"] == "walbridge_snapshot"
