@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window
 
-from spark_consumer import lake_state
+from spark_consumer import file_stats, lake_state
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
@@ -181,7 +181,7 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> Target:
             ]
             + meta
         )
-        created = (
+        builder = (
             DeltaTable.createIfNotExists(spark)
             .location(tc.path)
             .addColumns(schema)
@@ -190,9 +190,12 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> Target:
             # "false" keeps the table at Delta's legacy protocol (unless a column's type needs
             # a table feature, as timestamp_ntz does): see README "Reading the lake".
             .property(DELETION_VECTORS, "true" if tc.deletion_vectors else "false")
-            .execute()
         )
-        return Target(created, schema)
+        # A wide table keeps statistics for the column its MERGEs prune files by.
+        stats = file_stats.stats_columns(schema, tc.key[0] if tc.key else COMMIT_LSN)
+        if stats is not None:
+            builder = builder.property(file_stats.STATS_COLUMNS_PROPERTY, stats)
+        return Target(builder.execute(), schema)
     existing = set(lake.columns)
     new = [c for c in tc.columns if c not in existing]
     if not new:
