@@ -39,7 +39,7 @@ def read_latest(
     try:
         if topic not in consumer.list_topics(timeout=timeout_s).topics:
             return latest
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        low, high = _watermarks(consumer, TopicPartition(topic, 0), timeout_s)
         if high <= low:
             return latest
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
@@ -65,3 +65,35 @@ def read_latest(
     finally:
         consumer.close()
     return latest
+
+
+def _watermarks(consumer: Any, partition: Any, timeout_s: float) -> tuple[int, int]:
+    """The partition's low and high watermarks. A topic created a moment ago (the producer
+    creates its state topics at start-up) is listed by one broker before its partition's
+    leader knows it: on a 3-broker cluster the leader answered UNKNOWN_TOPIC_OR_PART and the
+    producer stopped. Such answers are asked again, with backoff, until ``timeout_s``."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    not_ready = (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    )
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=max(left, 0.1))
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() not in not_ready:
+                raise
+            if left <= delay:
+                raise TimeoutError(
+                    f"topic {partition.topic!r} partition {partition.partition}: not ready "
+                    f"after {timeout_s:.0f}s ({error.str()})"
+                ) from exc
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
