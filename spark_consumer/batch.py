@@ -589,7 +589,6 @@ class BatchProcessor:
             key_min=work.key_min,
             key_max=work.key_max,
             only_distinct_inserts=work.only_distinct_inserts,
-            no_inserts=work.no_inserts,
             unique_key=table.unique_key,
             recorded_version=recorded_version,
             snapshotting=snapshotting,

@@ -77,7 +77,6 @@ class TableChanges:
     key_min: int | str | None = None  # bounds of the first key column: lets MERGE prune files
     key_max: int | str | None = None
     only_distinct_inserts: bool = False  # every change a 'c', none twice (TableWork says so)
-    no_inserts: bool = False  # no change is a 'c' (TableWork says so): no key starts with one
     unique_key: bool = False  # the key is a primary key or unique index at the source
     # The table's Delta version in the last progress row: None when no batch recorded it.
     recorded_version: int | None = None
@@ -498,9 +497,7 @@ def _empty_target_applies(spark: SparkSession, tc: TableChanges) -> bool:
 
 
 def apply_keyed(spark: SparkSession, tc: TableChanges) -> Target:
-    # Without an insert no key starts with one: the append's check below (a Spark job) would
-    # fail, as it does for most batches of a table that is only updated.
-    may_append = not tc.no_inserts and _append_applies(spark, tc)
+    may_append = _append_applies(spark, tc)
     empty = _empty_target_applies(spark, tc)
     target = ensure_table(spark, tc)
     target_cols = _target_columns(target, tc)

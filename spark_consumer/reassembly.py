@@ -44,7 +44,6 @@ class TableStats:
     key_min: int | str | None = None  # bounds of the first key column, when orderable
     key_max: int | str | None = None
     only_inserts: bool = False  # every event is a 'c' (insert)
-    has_insert: bool = True  # some event is a 'c' (False only when the summary says none is)
 
     @property
     def duplicates(self) -> bool:
@@ -91,9 +90,6 @@ class TableWork:
     # Every applied event of the table is an insert and none arrived twice: the MERGE may
     # take its insert-only form (merge.py says why that is exact).
     only_distinct_inserts: bool = False
-    # No applied event of the table is an insert (updates, deletes, snapshot reads): no key
-    # starts with one, so the plain append's check (merge.py) would only cost a Spark job.
-    no_inserts: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +200,6 @@ def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats], watermark
                 key_min=low,
                 key_max=high,
                 only_distinct_inserts=all(s.only_inserts and not s.duplicates for s in stats),
-                no_inserts=not any(s.has_insert for s in stats),
             )
         )
 

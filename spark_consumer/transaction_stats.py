@@ -210,8 +210,6 @@ def _aggregates() -> list[Column]:
         F.max(F.col("k_long").isNull() & F.col("k_str").isNull()).alias("k_null"),
         # Any event but an insert: the insert-only MERGE is then out of the question.
         F.max(F.col("op") != "c").alias("not_insert"),
-        # No insert at all: no key can start with one, so no plain append (merge.py).
-        F.max(F.col("op") == "c").alias("has_insert"),
         F.max(end).alias("has_end"),
         F.max(F.when(end, F.col("dcs"))).alias("dcs"),
         F.max("ts").alias("ts"),
@@ -280,7 +278,6 @@ def collect(
                         key_min=low,
                         key_max=high,
                         only_inserts=not col["not_insert"][i],
-                        has_insert=bool(col["has_insert"][i]),
                     )
                 )
             else:

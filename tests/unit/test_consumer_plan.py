@@ -105,26 +105,6 @@ def test_insert_only_form_needs_every_applied_event_a_distinct_insert(
     assert a.only_distinct_inserts is expected
 
 
-@pytest.mark.parametrize(
-    ("second", "expected"),
-    [
-        ({"has_insert": False}, True),  # updates, deletes or snapshot reads only
-        ({"has_insert": True}, False),
-    ],
-)
-def test_a_table_without_any_applied_insert_says_so(
-    second: dict[str, object], expected: bool
-) -> None:
-    data = [
-        stats("1:100", 100, has_insert=False),
-        stats("2:200", 200, **second),
-        stats("3:300", 300, has_insert=True),
-    ]  # pending: must not count
-    marks = [end("1:100", 100, public__a=1), end("2:200", 200, public__a=1)]
-    (a,) = decide(data, marks, watermark=-1).tables
-    assert a.no_inserts is expected
-
-
 def test_no_key_bounds_when_some_event_has_none() -> None:
     data = [stats("1:100", 100, key_min=5, key_max=9), stats("2:200", 200)]
     marks = [end("1:100", 100, public__a=1), end("2:200", 200, public__a=1)]
