@@ -15,8 +15,8 @@ its time is rows into Kafka, acknowledged. Baselines, in the same run:
 - memory: the same producer command on an empty table (its idle peak RSS); target ratio < 2;
 - Kafka's ceiling on this machine: the snapshot's own events, read back from its topic (up to
   ``--ceiling-sample`` of them, cycled) and produced again to a new topic with the producer's
-  librdkafka settings, one ``produce`` call per pre-encoded event and no delivery callback but
-  errors', then flushed: what merely handing that many events to Kafka and having them
+  librdkafka settings, one ``produce`` call per pre-encoded event and delivery reports for
+  errors only, then flushed: what merely handing that many events to Kafka and having them
   acknowledged costs here, with nothing read from PostgreSQL and nothing encoded. It bounds any
   producer's snapshot rate on this machine, so ceiling / COPY bounds the rows/s ratio.
 
