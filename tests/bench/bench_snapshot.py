@@ -19,6 +19,11 @@ its time is rows into Kafka, acknowledged. Baselines, in the same run:
   errors only, then flushed: what merely handing that many events to Kafka and having them
   acknowledged costs here, with nothing read from PostgreSQL and nothing encoded. It bounds any
   producer's snapshot rate on this machine, so ceiling / COPY bounds the rows/s ratio.
+- CPU: what each phase cost the whole machine (every process, from /proc/stat) per row. A
+  snapshot must do at least COPY's work and the ceiling's, on the same cores, so
+  cores / (COPY's + the ceiling's CPU per row) bounds its rows/s even if reading and encoding
+  cost nothing; printed with its ratio to COPY, beside what would be left per row for reading,
+  parsing and encoding at the 0.6 target and what fastavro's C writer takes to encode one event.
 
 The COPY baseline is timed before and after the snapshot and averaged (the machine may be
 shared); the producer's CPU time per row and the load average are printed with the figures.
@@ -30,6 +35,8 @@ With ``--profile`` the producer runs under py-spy (its RSS figure is then py-spy
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import re
 import resource
@@ -39,9 +46,11 @@ import time
 import uuid
 from pathlib import Path
 
+import fastavro
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,6 +99,27 @@ def _rss_kb(pid: int) -> int:
         return 0
     match = re.search(r"VmRSS:\s+(\d+) kB", status)
     return int(match.group(1)) if match else 0
+
+
+def machine_busy_s() -> float:
+    """Core-seconds every CPU of this machine spent busy since boot (/proc/stat: everything but
+    idle and iowait): the difference around a phase is what that phase cost the whole machine,
+    PostgreSQL, Kafka and this process included."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class Busy:
+    """Machine core-seconds spent during a `with` block (see machine_busy_s)."""
+
+    def __enter__(self) -> Busy:
+        self.began = machine_busy_s()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.seconds = machine_busy_s() - self.began
 
 
 def _children_cpu_s() -> float:
@@ -190,13 +220,12 @@ def read_events(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | No
 
 
 def kafka_ceiling(
-    env: dict[str, str], topic: str, rows: int, sample: int
+    env: dict[str, str], topic: str, rows: int, events: list[tuple[bytes | None, bytes]]
 ) -> tuple[float, int, float]:
-    """(seconds, events sampled, mean event bytes): ``rows`` events from ``topic`` (the first
-    ``sample`` of them, cycled) produced to a new topic of as many partitions with the
-    producer's own librdkafka settings and acknowledged (``flush``; only errors reported)."""
+    """(seconds, events sampled, mean event bytes): ``rows`` of ``events`` (read from ``topic``
+    beforehand, cycled) produced to a new topic of as many partitions with the producer's own
+    librdkafka settings and acknowledged (``flush``; only errors reported)."""
     bootstrap = env["WALBRIDGE_KAFKA_BOOTSTRAP"]
-    events = read_events(bootstrap, topic, sample)
     if not events:
         sys.exit(f"no events in {topic}")
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -227,6 +256,21 @@ def kafka_ceiling(
         admin.delete_topics([target])
     mean_bytes = sum(len(v) + len(k or b"") for k, v in events) / count
     return seconds, count, mean_bytes
+
+
+def fastavro_encode_us(registry_url: str, events: list[tuple[bytes | None, bytes]]) -> float:
+    """CPU microseconds fastavro's C writer (a dependency of this project) takes to encode one
+    of ``events`` (values, decoded with it first), excluding the Confluent header: what encoding
+    alone would cost a producer that used the library instead of its generated encoder."""
+    sample = events[:20_000]
+    schema_id = int.from_bytes(sample[0][1][1:5], "big")
+    registry = SchemaRegistryClient({"url": registry_url})
+    schema = fastavro.parse_schema(json.loads(registry.get_schema(schema_id).schema_str))
+    records = [fastavro.schemaless_reader(io.BytesIO(v[5:]), schema, None) for _k, v in sample]
+    began = time.process_time()
+    for record in records:
+        fastavro.schemaless_writer(io.BytesIO(), schema, record)
+    return (time.process_time() - began) / len(records) * 1e6
 
 
 def main() -> None:
@@ -270,26 +314,35 @@ def main() -> None:
             print(f"generated {args.rows:,} rows in {time.perf_counter() - began:.1f}s")
             # COPY before and after the snapshot: the machine may be shared, so the baseline
             # is the mean of the two around it (both printed).
-            copy_before = time_copy(dsn, schema)
+            with Busy() as copy_before_cpu:
+                copy_before = time_copy(dsn, schema)
             print(
                 f"COPY to nowhere (before): {copy_before:7.1f}s  {args.rows / copy_before:>10,.0f} rows/s"
             )
             load = os.getloadavg()[0]
-            total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
-                env, schema, f"{schema}_pub", args.profile
-            )
+            with Busy() as snap_cpu:
+                total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
+                    env, schema, f"{schema}_pub", args.profile
+                )
             print(
                 f"snapshot into Kafka:      {snap_s:7.1f}s  {args.rows / snap_s:>10,.0f} rows/s"
                 f"  (process start to exit {total_s:.1f}s; producer CPU {cpu_s:.1f}s,"
                 f" {cpu_s / args.rows * 1e6:.1f} us/row)"
             )
-            copy_after = time_copy(dsn, schema)
+            with Busy() as copy_after_cpu:
+                copy_after = time_copy(dsn, schema)
             print(
                 f"COPY to nowhere (after):  {copy_after:7.1f}s  {args.rows / copy_after:>10,.0f} rows/s"
             )
-            ceiling_s, sampled, mean_bytes = kafka_ceiling(
-                env, table_topic(prefix, schema, "rows"), args.rows, args.ceiling_sample
+            sampled_events = read_events(
+                env["WALBRIDGE_KAFKA_BOOTSTRAP"],
+                table_topic(prefix, schema, "rows"),
+                args.ceiling_sample,
             )
+            with Busy() as ceiling_cpu:
+                ceiling_s, sampled, mean_bytes = kafka_ceiling(
+                    env, table_topic(prefix, schema, "rows"), args.rows, sampled_events
+                )
             print(
                 f"Kafka ceiling:            {ceiling_s:7.1f}s  {args.rows / ceiling_s:>10,.0f} rows/s"
                 f"  (the snapshot's events, {sampled:,} read back and cycled,"
@@ -309,6 +362,37 @@ def main() -> None:
                 f" ratio {peak_kb / idle_kb:.2f} (target < 2)"
             )
             print(f"load average (1 min) around the snapshot: {load:.1f} on {os.cpu_count()} CPUs")
+            # What each phase cost the whole machine per row. A snapshot has to do at least what
+            # COPY does (PostgreSQL reads and sends the rows, the client receives them) and what
+            # the ceiling does (hand the events to Kafka, which stores and acknowledges them),
+            # so with every core busy it can go no faster than cores / (the two costs summed),
+            # even with reading and encoding free and perfectly parallel.
+            cores = os.cpu_count() or 1
+            per_row = {
+                "COPY": (copy_before_cpu.seconds + copy_after_cpu.seconds) / 2,
+                "snapshot (producer start to exit)": snap_cpu.seconds,
+                "Kafka ceiling": ceiling_cpu.seconds,
+            }
+            print(
+                "machine CPU per row (all processes): "
+                + ", ".join(f"{k} {v / args.rows * 1e6:.2f} us" for k, v in per_row.items())
+            )
+            floor_us = (per_row["COPY"] + per_row["Kafka ceiling"]) / args.rows * 1e6
+            bound = cores * 1e6 / floor_us
+            print(
+                f"CPU bound on {cores} cores: COPY + Kafka ceiling = {floor_us:.2f} us of CPU per"
+                f" row, so at most {bound:,.0f} rows/s even with reading and encoding free;"
+                f" ÷ COPY {bound / (args.rows / copy_s):.2f}"
+            )
+            # What is left for reading, parsing and encoding at the target, against what
+            # encoding costs with the library and what our whole path costs.
+            left_us = cores * 1e6 / (0.6 * args.rows / copy_s) - floor_us
+            print(
+                f"at 0.6 of COPY, {left_us:.2f} us of CPU per row would be left for reading,"
+                f" parsing and encoding; fastavro's writer alone takes"
+                f" {fastavro_encode_us(env['WALBRIDGE_SCHEMA_REGISTRY_URL'], sampled_events):.2f}"
+                f" us per event, the producer's whole path {cpu_s / args.rows * 1e6:.2f} us"
+            )
         finally:
             for s in (schema, empty):
                 db.execute(
