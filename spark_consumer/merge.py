@@ -20,7 +20,8 @@
   no source materialisation, one pass. Still one commit per table per batch.
 - When the table has had no commit since the last batch and every key of its share starts
   with an insert, the last changes are simply appended (`_append_applies` gives the argument):
-  no join with the target at all. The same holds, whatever the ops, for a table that holds no
+  no join with the target at all. A table without a key that has had no commit since the last
+  batch takes a plain append of its rows the same way (`_keyless_append_applies`). The same holds, whatever the ops, for a table that holds no
   row yet (`_empty_target_applies`): an initial load or a first snapshot chunk is appended.
 - What a table's apply needs to know of it (exists, version, key, deletion-vector mode,
   schema) comes from one read of its log (lake_state.py), or from the state this job's own
@@ -458,10 +459,30 @@ def _append_applies(spark: SparkSession, tc: TableChanges) -> bool:
     """
     if not tc.unique_key or tc.truncate is not None or tc.toast_columns:
         return False
+    return _unchanged_since_last_batch(spark, tc)
+
+
+def _unchanged_since_last_batch(spark: SparkSession, tc: TableChanges) -> bool:
+    """Whether the table does not exist or is at the version the last progress row recorded:
+    then it holds no change of this batch's transactions (all after the batch's start), since
+    every commit to it is this job's and a batch's commits come before its progress row. A run
+    that crashed after committing this batch moved the version on, so its replay answers no."""
     lake = _lake(spark, tc)
     if not lake.exists:
         return True
     return tc.recorded_version is not None and lake.version == tc.recorded_version
+
+
+def _keyless_append_applies(spark: SparkSession, tc: TableChanges) -> bool:
+    """Whether a table without a key may take a plain append of its deduplicated rows instead
+    of the MERGE that skips rows already there (by commit_lsn, total_order).
+
+    Only rows of this batch's transactions could match, and the table holds none of them when
+    it is unchanged since the last batch (`_unchanged_since_last_batch`); repeats within the
+    batch are dropped before either form. So the MERGE would insert every row: the append.
+    Not with a truncate, which deletes target rows first. Called before `ensure_table`, whose
+    CREATE or ALTER commits add no rows but would move the version on."""
+    return tc.truncate is None and _unchanged_since_last_batch(spark, tc)
 
 
 def _append(target: Target, tc: TableChanges, rows: DataFrame, target_cols: list[str]) -> None:
@@ -630,6 +651,7 @@ def _check_toast_targets(
 
 def apply_append_only(spark: SparkSession, tc: TableChanges) -> Target:
     """Tables without a key: every change is a row; (commit_lsn, total_order) dedups replays."""
+    may_append = _keyless_append_applies(spark, tc)
     target = ensure_table(spark, tc)
     table = target.table
     target_cols = _target_columns(target, tc)
@@ -641,6 +663,9 @@ def apply_append_only(spark: SparkSession, tc: TableChanges) -> Target:
     rows = changes.filter(tc.cache.get("not-truncate", lambda: F.col(OP) != "t")).dropDuplicates(
         [COMMIT_LSN, TOTAL_ORDER]
     )
+    if may_append:
+        _append(target, tc, rows, target_cols)
+        return target
     inserts = _insert_values(tc, target_cols)
     on = f"t.{COMMIT_LSN} = s.{COMMIT_LSN} AND t.{TOTAL_ORDER} = s.{TOTAL_ORDER}"
     if tc.commit_lsns is not None:

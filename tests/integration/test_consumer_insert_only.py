@@ -1,6 +1,7 @@
 """The fast forms of merge.py against the careful full MERGE, on Spark: the insert-only MERGE
-(merge.inserts_only_applies) and the plain append of keys that start with an insert
-(merge._append_applies).
+(merge.inserts_only_applies), the plain append of keys that start with an insert
+(merge._append_applies) and the plain append of a keyless table's rows
+(merge._keyless_append_applies).
 
 The same batches go through two consumers, one with the fast forms and one forced onto the
 full MERGE; at the end both lakes must hold exactly the same rows (bookkeeping columns
@@ -54,6 +55,11 @@ PAIRS = TableSpec(
     ("a", "b"),
 )
 
+# No replica identity: every change is a row, deduplicated by (commit_lsn, total_order).
+LOG = TableSpec(
+    "public", "log", (ColumnSpec("n", "long", "int8"), ColumnSpec("msg", "string", "text")), ()
+)
+
 
 def row(i: int, doc: str = "d") -> dict[str, object]:
     return {"id": i, "balance": Decimal(f"{i}.50"), "doc": doc}
@@ -99,8 +105,11 @@ class Consumer:
 
     def tables(self, spark: SparkSession) -> dict[str, list[tuple[object, ...]]]:
         out = {}
-        for spec in (ACC, PAIRS):
-            df = spark.read.format("delta").load(f"{self.lake}/{spec.schema}/{spec.table}")
+        for spec in (ACC, PAIRS, LOG):
+            path = Path(self.lake) / spec.schema / spec.table
+            if not path.exists():
+                continue
+            df = spark.read.format("delta").load(str(path))
             out[spec.table] = sorted((tuple(r) for r in df.collect()), key=repr)
         return out
 
@@ -151,6 +160,7 @@ def careful_only(m: pytest.MonkeyPatch) -> None:
     m.setattr(merge, "inserts_only_applies", lambda tc: False)
     m.setattr(merge, "_append_applies", lambda session, tc: False)
     m.setattr(merge, "_empty_target_applies", lambda session, tc: False)
+    m.setattr(merge, "_keyless_append_applies", lambda session, tc: False)
 
 
 def test_insert_only_form_gives_the_careful_lake(
@@ -323,3 +333,57 @@ def test_replay_of_an_appended_batch_takes_the_guarded_merge(
     assert not report.skipped and report.commit_lsn == 200
     assert appended == []
     assert fast.tables(spark) == after_crash
+
+
+def test_keyless_append_gives_the_careful_lake(
+    spark: SparkSession,
+    consumers: tuple[Consumer, Consumer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fast, careful = consumers
+    log = KafkaLog()
+    w = fast.writer
+
+    def entry(n: int, msg: str = "m") -> dict[str, object]:
+        return {"n": n, "msg": msg}
+
+    t1 = w.transaction(1, 100).insert(LOG, entry(1)).insert(LOG, entry(1))  # the same row twice
+    t2 = w.transaction(2, 200).insert(LOG, entry(2)).insert(ACC, row(1))
+    t3 = w.transaction(3, 300).insert(LOG, entry(3)).update(LOG, entry(3, "u"))
+    t4 = w.transaction(4, 400).truncate(LOG).insert(LOG, entry(4))
+    t5 = w.transaction(5, 500).insert(LOG, entry(5)).delete(LOG, entry(5))
+    r3 = t3.records()
+    frames = [
+        log.frame(spark, recs)
+        for recs in (
+            t1.records(),
+            t2.records() + t1.records(),  # a replay of applied records: under the watermark
+            r3 + r3,  # a producer replay inside the batch
+            t4.records(),
+            t5.records(),
+        )
+    ]
+    taken: list[bool] = []
+    decide = merge._keyless_append_applies
+
+    def spy(session: SparkSession, tc: merge.TableChanges) -> bool:
+        taken.append(decide(session, tc))
+        return taken[-1]
+
+    monkeypatch.setattr(merge, "_keyless_append_applies", spy)
+    for batch_id, frame in enumerate(frames[:4]):
+        fast.processor.process(frame, batch_id)
+    # Batch 4 committed its tables, then the job died before its progress row: the restarted
+    # job's replay finds the table moved on and takes the MERGE, which adds nothing.
+    crash_before_progress(fast.processor, frames[4], 4)
+    restarted(fast.processor).process(frames[4], 4)
+    with monkeypatch.context() as m:
+        careful_only(m)
+        for batch_id, frame in enumerate(frames):
+            careful.processor.process(frame, batch_id)
+    assert fast.tables(spark) == careful.tables(spark)
+    # Appended wherever the table was unchanged since the last batch, and nowhere else.
+    assert taken == [True, True, True, False, True, False]
+    got = fast.tables(spark)["log"]
+    # Delete events of a keyless table are rows too (op 'd'): the log of what happened.
+    assert [(r[0], r[1], r[4]) for r in got] == [(4, "m", "c"), (5, "m", "c"), (5, "m", "d")]

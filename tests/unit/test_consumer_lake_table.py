@@ -56,6 +56,21 @@ def test_append_needs_the_recorded_version_or_no_table() -> None:
     assert not merge._append_applies(cast(Any, None), changes(MISSING, unique_key=False))
 
 
+def test_keyless_append_needs_the_recorded_version_and_no_truncate() -> None:
+    def keyless(lake: LakeTable, **kw: Any) -> merge.TableChanges:
+        return merge.TableChanges("s", "t", lake.path, (), ("v",), cast(Any, None), lake=lake, **kw)
+
+    assert merge._keyless_append_applies(cast(Any, None), keyless(MISSING))
+    assert merge._keyless_append_applies(cast(Any, None), keyless(table(), recorded_version=7))
+    # Moved on since the last progress row (a crashed run committed), or never recorded.
+    assert not merge._keyless_append_applies(cast(Any, None), keyless(table(), recorded_version=6))
+    assert not merge._keyless_append_applies(cast(Any, None), keyless(table()))
+    # A truncate deletes target rows first.
+    assert not merge._keyless_append_applies(
+        cast(Any, None), keyless(table(), recorded_version=7, truncate=(5, 1))
+    )
+
+
 def test_empty_target_is_a_table_without_files() -> None:
     assert merge._empty_target_applies(cast(Any, None), changes(MISSING))
     assert merge._empty_target_applies(cast(Any, None), changes(table(files=0)))
