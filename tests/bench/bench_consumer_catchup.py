@@ -17,7 +17,8 @@ Reported, all from the same run:
     ÷ the median (target: flat within ±20 %: every step linear in its work);
   - the batches' time per step (framing, decode+summary, merge, pending, ...), summed;
   - driver peak RSS during the catch-up ÷ its RSS idle just before, for the Python driver and
-    the JVM (in local mode the JVM also runs the executors; target < 2).
+    the JVM (in local mode the JVM also runs the executors; target < 2), and both RSS as the
+    batches end (bounded memory: a plateau however long the backlog).
 
 Run:
   eval "$(deploy/local/stack env)"
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spark_consumer.session import build_session
 from spark_consumer.source import start
-from tests.bench.bench_verify import Peak
+from tests.bench.bench_verify import Peak, rss_kb
 from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 
@@ -147,6 +148,9 @@ def main() -> None:
             proc = p.processor(trigger=None, available_now=True)
             jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
             marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
+            # RSS (MB) of the Python driver and the JVM as each batch ends (seen within 1 s):
+            # bounded memory shows as a plateau, whatever the backlog left to apply.
+            after_batch: list[tuple[int, int]] = []
             with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
                 t0 = time.perf_counter()
                 query = start(spark, proc.config, proc)
@@ -156,6 +160,8 @@ def main() -> None:
                     for r in proc.reports[seen:]:
                         total = (marks[-1][0] if marks else 0) + r.applied_transactions
                         marks.append((total, time.perf_counter() - t0))
+                    if len(proc.reports) > seen:
+                        after_batch.append((rss_kb(os.getpid()) // 1024, rss_kb(jvm) // 1024))
                     seen = len(proc.reports)
                 consumer_s = time.perf_counter() - t0
                 if query.exception() is not None:
@@ -205,6 +211,10 @@ def main() -> None:
                     f"peak {peak.peak[name] / 1024:.0f} MB during the catch-up, ratio "
                     f"{peak.peak[name] / peak.before[name]:.2f}"
                 )
+            print(
+                "RSS as batches end, MB (Python / JVM): "
+                + ", ".join(f"{py} / {j}" for py, j in after_batch)
+            )
             p.assert_equal()
             print("verify: the lake equals PostgreSQL")
     finally:
