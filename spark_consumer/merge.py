@@ -20,9 +20,10 @@
   no source materialisation, one pass. Still one commit per table per batch.
 - When the table has had no commit since the last batch and every key of its share starts
   with an insert, the last changes are simply appended (`_append_applies` gives the argument):
-  no join with the target at all. A table without a key that has had no commit since the last
-  batch takes a plain append of its rows the same way (`_keyless_append_applies`). The same holds, whatever the ops, for a table that holds no
-  row yet (`_empty_target_applies`): an initial load or a first snapshot chunk is appended.
+  no join with the target at all. The same holds, whatever the ops, for a table that holds no
+  row yet (`_empty_target_applies`): an initial load or a first snapshot chunk is appended. A
+  table without a key that has had no commit since the last batch takes a plain append of its
+  rows instead of the dedup MERGE (`_keyless_append_applies`).
 - What a table's apply needs to know of it (exists, version, key, deletion-vector mode,
   schema) comes from one read of its log (lake_state.py), or from the state this job's own
   last commit left, with the table handle it used (batch.py keeps both across batches).
