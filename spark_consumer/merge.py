@@ -490,11 +490,23 @@ def _append(target: Target, tc: TableChanges, rows: DataFrame, target_cols: list
     types = target.types
     # A column the writer no longer has (dropped at the source) gets NULL.
     missing = tuple((c, types[c]) for c in target_cols if c not in tc.columns)
+    # A column whose type the source changed where Avro promotes (int -> long, float -> double;
+    # docs/downstream.md) keeps the table's type: cast to it, as the MERGE's insert does (under
+    # ANSI a value that does not fit stops the batch). A Delta append refuses any other type.
+    # The changes' schema is the one ensure_table read (PySpark keeps it on the frame).
+    source = {f.name: f.dataType for f in tc.changes.schema.fields}
+    promoted = tuple(
+        (c, types[c]) for c in target_cols if c in tc.columns and source[c] != types[c]
+    )
     values = tc.cache.get(
-        ("append", tuple(target_cols), missing),
+        ("append", tuple(target_cols), missing, promoted),
         lambda: [
             *(
-                F.col(c) if c in tc.columns else F.lit(None).cast(types[c]).alias(c)
+                F.col(c).cast(types[c]).alias(c)
+                if (c, types[c]) in promoted
+                else F.col(c)
+                if c in tc.columns
+                else F.lit(None).cast(types[c]).alias(c)
                 for c in target_cols
             ),
             *map(F.col, LAKE_META),
