@@ -148,9 +148,9 @@ def main() -> None:
             proc = p.processor(trigger=None, available_now=True)
             jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
             marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
-            # RSS (MB) of the Python driver and the JVM as each batch ends (seen within 1 s):
-            # bounded memory shows as a plateau, whatever the backlog left to apply.
-            after_batch: list[tuple[int, int]] = []
+            # (batches done, RSS MB of the Python driver, of the JVM), sampled within a second
+            # of a batch's end: bounded memory shows as a plateau, whatever backlog is left.
+            after_batch: list[tuple[int, int, int]] = []
             with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
                 t0 = time.perf_counter()
                 query = start(spark, proc.config, proc)
@@ -161,7 +161,9 @@ def main() -> None:
                         total = (marks[-1][0] if marks else 0) + r.applied_transactions
                         marks.append((total, time.perf_counter() - t0))
                     if len(proc.reports) > seen:
-                        after_batch.append((rss_kb(os.getpid()) // 1024, rss_kb(jvm) // 1024))
+                        after_batch.append(
+                            (len(proc.reports), rss_kb(os.getpid()) // 1024, rss_kb(jvm) // 1024)
+                        )
                     seen = len(proc.reports)
                 consumer_s = time.perf_counter() - t0
                 if query.exception() is not None:
@@ -212,8 +214,8 @@ def main() -> None:
                     f"{peak.peak[name] / peak.before[name]:.2f}"
                 )
             print(
-                "RSS as batches end, MB (Python / JVM): "
-                + ", ".join(f"{py} / {j}" for py, j in after_batch)
+                "RSS within a second of a batch's end, MB (after batch n: Python / JVM): "
+                + ", ".join(f"{n}: {py} / {j}" for n, py, j in after_batch)
             )
             p.assert_equal()
             print("verify: the lake equals PostgreSQL")

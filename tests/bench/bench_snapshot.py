@@ -102,24 +102,37 @@ def _rss_kb(pid: int) -> int:
 
 
 def machine_busy_s() -> float:
-    """Core-seconds every CPU of this machine spent busy since boot (/proc/stat: everything but
-    idle and iowait): the difference around a phase is what that phase cost the whole machine,
-    PostgreSQL, Kafka and this process included."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    """Core-seconds every CPU of this machine spent working since boot (/proc/stat: user, nice,
+    system, irq, softirq; not idle, iowait or a hypervisor's steal): the difference around a
+    phase is what that phase cost the whole machine, PostgreSQL, Kafka and this process."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 class Busy:
-    """Machine core-seconds spent during a `with` block (see machine_busy_s)."""
+    """Machine core-seconds spent during a `with` block (see machine_busy_s), less what the
+    machine spends at rest over as long (`background`, core-seconds per second)."""
+
+    background = 0.0
 
     def __enter__(self) -> Busy:
         self.began = machine_busy_s()
+        self.wall = time.perf_counter()
         self.seconds = 0.0
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.seconds = machine_busy_s() - self.began
+        spent = machine_busy_s() - self.began
+        self.seconds = max(0.0, spent - Busy.background * (time.perf_counter() - self.wall))
+
+
+def measure_background(seconds: float = 5.0) -> float:
+    """Cores busy while nothing of the benchmark runs (the stack at rest, anything else)."""
+    began, wall = machine_busy_s(), time.perf_counter()
+    time.sleep(seconds)
+    return (machine_busy_s() - began) / (time.perf_counter() - wall)
 
 
 def _children_cpu_s() -> float:
@@ -221,10 +234,11 @@ def read_events(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | No
 
 def kafka_ceiling(
     env: dict[str, str], topic: str, rows: int, events: list[tuple[bytes | None, bytes]]
-) -> tuple[float, int, float]:
-    """(seconds, events sampled, mean event bytes): ``rows`` of ``events`` (read from ``topic``
-    beforehand, cycled) produced to a new topic of as many partitions with the producer's own
-    librdkafka settings and acknowledged (``flush``; only errors reported)."""
+) -> tuple[float, int, float, float]:
+    """(seconds, events sampled, mean event bytes, machine CPU seconds): ``rows`` of ``events``
+    (read from ``topic`` beforehand, cycled) produced to a new topic of as many partitions with
+    the producer's own librdkafka settings and acknowledged (``flush``; only errors reported).
+    The topic's creation and deletion are outside both the time and the CPU."""
     bootstrap = env["WALBRIDGE_KAFKA_BOOTSTRAP"]
     if not events:
         sys.exit(f"no events in {topic}")
@@ -240,28 +254,29 @@ def kafka_ceiling(
     )  # fmt: skip
     produce, count = producer.produce, len(events)
     try:
-        began = time.perf_counter()
-        for i in range(rows):
-            key, value = events[i % count]
-            while True:
-                try:
-                    produce(target, value, key)
-                    break
-                except BufferError:  # the local queue is full: wait for deliveries, then retry
-                    producer.poll(0.05)
-        if producer.flush(300) or errors:
-            sys.exit(f"Kafka ceiling: {len(producer)} undelivered, errors {errors[:3]}")
-        seconds = time.perf_counter() - began
+        with Busy() as cpu:
+            began = time.perf_counter()
+            for i in range(rows):
+                key, value = events[i % count]
+                while True:
+                    try:
+                        produce(target, value, key)
+                        break
+                    except BufferError:  # the local queue is full: wait for deliveries, retry
+                        producer.poll(0.05)
+            if producer.flush(300) or errors:
+                sys.exit(f"Kafka ceiling: {len(producer)} undelivered, errors {errors[:3]}")
+            seconds = time.perf_counter() - began
     finally:
         admin.delete_topics([target])
     mean_bytes = sum(len(v) + len(k or b"") for k, v in events) / count
-    return seconds, count, mean_bytes
+    return seconds, count, mean_bytes, cpu.seconds
 
 
 def fastavro_encode_us(registry_url: str, events: list[tuple[bytes | None, bytes]]) -> float:
     """CPU microseconds fastavro's C writer (a dependency of this project) takes to encode one
-    of ``events`` (values, decoded with it first), excluding the Confluent header: what encoding
-    alone would cost a producer that used the library instead of its generated encoder."""
+    of ``events``, the whole envelope, from the values fastavro decodes it to (logical types as
+    Decimal and datetime, as a producer would hand them over), without the Confluent header."""
     sample = events[:20_000]
     schema_id = int.from_bytes(sample[0][1][1:5], "big")
     registry = SchemaRegistryClient({"url": registry_url})
@@ -308,6 +323,8 @@ def main() -> None:
         try:
             create_table(db, schema, f"{schema}_pub", args.keyless)
             create_table(db, empty, f"{empty}_pub", args.keyless)
+            Busy.background = measure_background()
+            print(f"machine at rest: {Busy.background:.2f} cores busy (left out of every phase)")
             began = time.perf_counter()
             generate(db, schema, args.rows, 100_000)
             db.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "rows")))
@@ -339,10 +356,9 @@ def main() -> None:
                 table_topic(prefix, schema, "rows"),
                 args.ceiling_sample,
             )
-            with Busy() as ceiling_cpu:
-                ceiling_s, sampled, mean_bytes = kafka_ceiling(
-                    env, table_topic(prefix, schema, "rows"), args.rows, sampled_events
-                )
+            ceiling_s, sampled, mean_bytes, ceiling_cpu_s = kafka_ceiling(
+                env, table_topic(prefix, schema, "rows"), args.rows, sampled_events
+            )
             print(
                 f"Kafka ceiling:            {ceiling_s:7.1f}s  {args.rows / ceiling_s:>10,.0f} rows/s"
                 f"  (the snapshot's events, {sampled:,} read back and cycled,"
@@ -367,11 +383,12 @@ def main() -> None:
             # the ceiling does (hand the events to Kafka, which stores and acknowledges them),
             # so with every core busy it can go no faster than cores / (the two costs summed),
             # even with reading and encoding free and perfectly parallel.
-            cores = os.cpu_count() or 1
+            # The cores the machine's background work leaves (measured before the phases).
+            cores = (os.cpu_count() or 1) - Busy.background
             per_row = {
                 "COPY": (copy_before_cpu.seconds + copy_after_cpu.seconds) / 2,
                 "snapshot (producer start to exit)": snap_cpu.seconds,
-                "Kafka ceiling": ceiling_cpu.seconds,
+                "Kafka ceiling": ceiling_cpu_s,
             }
             print(
                 "machine CPU per row (all processes): "
@@ -380,7 +397,7 @@ def main() -> None:
             floor_us = (per_row["COPY"] + per_row["Kafka ceiling"]) / args.rows * 1e6
             bound = cores * 1e6 / floor_us
             print(
-                f"CPU bound on {cores} cores: COPY + Kafka ceiling = {floor_us:.2f} us of CPU per"
+                f"CPU bound on {cores:.2f} cores: COPY + Kafka ceiling = {floor_us:.2f} us of CPU per"
                 f" row, so at most {bound:,.0f} rows/s even with reading and encoding free;"
                 f" ÷ COPY {bound / (args.rows / copy_s):.2f}"
             )
