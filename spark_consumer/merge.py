@@ -498,19 +498,17 @@ def _append(target: Target, tc: TableChanges, rows: DataFrame, target_cols: list
     promoted = tuple(
         (c, types[c]) for c in target_cols if c in tc.columns and source[c] != types[c]
     )
+
+    def value(c: str) -> Column:
+        if c not in tc.columns:
+            return F.lit(None).cast(types[c]).alias(c)
+        if (c, types[c]) in promoted:
+            return F.col(c).cast(types[c]).alias(c)
+        return F.col(c)
+
     values = tc.cache.get(
         ("append", tuple(target_cols), missing, promoted),
-        lambda: [
-            *(
-                F.col(c).cast(types[c]).alias(c)
-                if (c, types[c]) in promoted
-                else F.col(c)
-                if c in tc.columns
-                else F.lit(None).cast(types[c]).alias(c)
-                for c in target_cols
-            ),
-            *map(F.col, LAKE_META),
-        ],
+        lambda: [*map(value, target_cols), *map(F.col, LAKE_META)],
     )
     rows.select(*values).write.format("delta").mode("append").save(tc.path)
 

@@ -113,9 +113,10 @@ def machine_busy_s() -> float:
 
 class Busy:
     """Machine core-seconds spent during a `with` block (see machine_busy_s), less what the
-    machine spends at rest over as long (`background`, core-seconds per second)."""
+    machine spends at rest over as long (`background`, cores busy: measure_background)."""
 
-    background = 0.0
+    def __init__(self, background: float) -> None:
+        self.background = background
 
     def __enter__(self) -> Busy:
         self.began = machine_busy_s()
@@ -125,7 +126,7 @@ class Busy:
 
     def __exit__(self, *_: object) -> None:
         spent = machine_busy_s() - self.began
-        self.seconds = max(0.0, spent - Busy.background * (time.perf_counter() - self.wall))
+        self.seconds = max(0.0, spent - self.background * (time.perf_counter() - self.wall))
 
 
 def measure_background(seconds: float = 5.0) -> float:
@@ -233,12 +234,17 @@ def read_events(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | No
 
 
 def kafka_ceiling(
-    env: dict[str, str], topic: str, rows: int, events: list[tuple[bytes | None, bytes]]
+    env: dict[str, str],
+    topic: str,
+    rows: int,
+    events: list[tuple[bytes | None, bytes]],
+    background: float,
 ) -> tuple[float, int, float, float]:
     """(seconds, events sampled, mean event bytes, machine CPU seconds): ``rows`` of ``events``
     (read from ``topic`` beforehand, cycled) produced to a new topic of as many partitions with
     the producer's own librdkafka settings and acknowledged (``flush``; only errors reported).
-    The topic's creation and deletion are outside both the time and the CPU."""
+    The topic's creation and deletion are outside both the time and the CPU (less
+    ``background``, as Busy)."""
     bootstrap = env["WALBRIDGE_KAFKA_BOOTSTRAP"]
     if not events:
         sys.exit(f"no events in {topic}")
@@ -254,7 +260,7 @@ def kafka_ceiling(
     )  # fmt: skip
     produce, count = producer.produce, len(events)
     try:
-        with Busy() as cpu:
+        with Busy(background) as cpu:
             began = time.perf_counter()
             for i in range(rows):
                 key, value = events[i % count]
@@ -323,21 +329,21 @@ def main() -> None:
         try:
             create_table(db, schema, f"{schema}_pub", args.keyless)
             create_table(db, empty, f"{empty}_pub", args.keyless)
-            Busy.background = measure_background()
-            print(f"machine at rest: {Busy.background:.2f} cores busy (left out of every phase)")
+            background = measure_background()
+            print(f"machine at rest: {background:.2f} cores busy (left out of every phase)")
             began = time.perf_counter()
             generate(db, schema, args.rows, 100_000)
             db.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "rows")))
             print(f"generated {args.rows:,} rows in {time.perf_counter() - began:.1f}s")
             # COPY before and after the snapshot: the machine may be shared, so the baseline
             # is the mean of the two around it (both printed).
-            with Busy() as copy_before_cpu:
+            with Busy(background) as copy_before_cpu:
                 copy_before = time_copy(dsn, schema)
             print(
                 f"COPY to nowhere (before): {copy_before:7.1f}s  {args.rows / copy_before:>10,.0f} rows/s"
             )
             load = os.getloadavg()[0]
-            with Busy() as snap_cpu:
+            with Busy(background) as snap_cpu:
                 total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
                     env, schema, f"{schema}_pub", args.profile
                 )
@@ -346,7 +352,7 @@ def main() -> None:
                 f"  (process start to exit {total_s:.1f}s; producer CPU {cpu_s:.1f}s,"
                 f" {cpu_s / args.rows * 1e6:.1f} us/row)"
             )
-            with Busy() as copy_after_cpu:
+            with Busy(background) as copy_after_cpu:
                 copy_after = time_copy(dsn, schema)
             print(
                 f"COPY to nowhere (after):  {copy_after:7.1f}s  {args.rows / copy_after:>10,.0f} rows/s"
@@ -357,7 +363,7 @@ def main() -> None:
                 args.ceiling_sample,
             )
             ceiling_s, sampled, mean_bytes, ceiling_cpu_s = kafka_ceiling(
-                env, table_topic(prefix, schema, "rows"), args.rows, sampled_events
+                env, table_topic(prefix, schema, "rows"), args.rows, sampled_events, background
             )
             print(
                 f"Kafka ceiling:            {ceiling_s:7.1f}s  {args.rows / ceiling_s:>10,.0f} rows/s"
@@ -382,9 +388,9 @@ def main() -> None:
             # COPY does (PostgreSQL reads and sends the rows, the client receives them) and what
             # the ceiling does (hand the events to Kafka, which stores and acknowledges them),
             # so with every core busy it can go no faster than cores / (the two costs summed),
-            # even with reading and encoding free and perfectly parallel.
-            # The cores the machine's background work leaves (measured before the phases).
-            cores = (os.cpu_count() or 1) - Busy.background
+            # even with reading and encoding free and perfectly parallel. Cores: those the
+            # machine's background work leaves.
+            cores = (os.cpu_count() or 1) - background
             per_row = {
                 "COPY": (copy_before_cpu.seconds + copy_after_cpu.seconds) / 2,
                 "snapshot (producer start to exit)": snap_cpu.seconds,
