@@ -16,6 +16,10 @@ Reported, all from the same run:
   - the consumer's seconds per 100k transactions, first to last, and the largest and smallest
     ÷ the median (target: flat within ±20 %: every step linear in its work);
   - the batches' time per step (framing, decode+summary, merge, pending, ...), summed;
+  - a ceiling for any consumer built on Spark, measured after the catch-up on the warm JVM:
+    Spark's Kafka source reading the same backlog, `from_avro` decoding every record and a
+    plain Delta append of each table's rows (no reassembly, no MERGE), the markers read and
+    decoded; its changes/s ÷ the producer's is the most a Spark consumer can reach here;
   - driver peak RSS during the catch-up ÷ its RSS idle just before, for the Python driver and
     the JVM (in local mode the JVM also runs the executors; target < 2), and both RSS as the
     batches end (bounded memory: a plateau however long the backlog).
@@ -34,12 +38,21 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from functools import reduce
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.avro.functions import from_avro
+
+from schemas.topics import transaction_topic
+from spark_consumer.config import ConsumerConfig
+from spark_consumer.framing import body_col, schema_id_col
 from spark_consumer.session import build_session
 from spark_consumer.source import start
+from spark_consumer.writer_schemas import WriterSchemas
 from tests.bench.bench_verify import Peak, rss_kb
 from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
@@ -90,6 +103,51 @@ def fill(dsn: str, s: str, accounts: int) -> None:
         f"INSERT INTO {s}.accounts SELECT g, 1 + (g - 1) % 10, 0, '' "
         f"FROM generate_series(1, {accounts}) g",
     )
+
+
+def ceiling(spark: SparkSession, config: ConsumerConfig, topics: list[str], out: Path) -> float:
+    """Seconds for the least a Spark consumer must do with the backlog: read every record
+    through Spark's Kafka source, decode it with `from_avro` under its writer schema, and
+    append each table's rows to a Delta table (markers: read and decoded, then counted).
+    Topics run side by side on the consumer's MERGE threads, as its tables do."""
+
+    def read(topic: str) -> DataFrame:
+        return (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", config.kafka_bootstrap)
+            .option("subscribe", topic)
+            .option("kafka.isolation.level", "read_committed")
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .load()
+        )
+
+    # The writer schemas (one per topic here: no schema change in the backlog), before the
+    # clock starts: a consumer learns them once.
+    vids = {
+        r["topic"]: r["vid"]
+        for r in reduce(DataFrame.unionByName, [read(t) for t in topics])
+        .select("topic", schema_id_col("value").alias("vid"))
+        .distinct()
+        .collect()
+    }
+    schemas = WriterSchemas.from_url(config.schema_registry_url, config.registry_config)
+    markers = transaction_topic(config.topic_prefix)
+
+    def one(topic: str) -> None:
+        env = from_avro(body_col("value"), schemas.text(vids[topic]), {"mode": "PERMISSIVE"})
+        decoded = read(topic).select(env.alias("e"))
+        if topic == markers:
+            decoded.select("e.status", "e.id", "e.commit_lsn", "e.data_collections").count()
+        else:
+            decoded.select("e.op", "e.source.commit_lsn", "e.after.*").write.format("delta").save(
+                str(out / topic)
+            )
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, config.merge_threads)) as pool:
+        list(pool.map(one, topics))
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -219,6 +277,15 @@ def main() -> None:
             )
             p.assert_equal()
             print("verify: the lake equals PostgreSQL")
+            topics = [f"{proc.config.topic_prefix}.{t}" for t in tables]
+            topics.append(transaction_topic(proc.config.topic_prefix))
+            ceiling_s = ceiling(spark, proc.config, topics, Path(tmp) / "ceiling")
+            print(
+                f"Spark ceiling (Kafka read, from_avro, plain Delta append; warm JVM): "
+                f"{changes} changes in {ceiling_s:.1f} s, {changes / ceiling_s:,.0f} changes/s; "
+                f"ceiling ÷ producer {producer_s / ceiling_s:.2f}, consumer ÷ ceiling "
+                f"{ceiling_s / consumer_s:.2f}"
+            )
     finally:
         sql(dsn, f"DROP SCHEMA {s} CASCADE")
         spark.stop()
