@@ -34,6 +34,7 @@ from spark_consumer import (
     pending,
     progress,
     quarantine,
+    reassembly,
     transaction_stats,
 )
 from spark_consumer.column_cache import ColumnCache
@@ -55,7 +56,7 @@ from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
 from spark_consumer.framing import schema_id_col
 from spark_consumer.metrics import ConsumerMetrics
-from spark_consumer.reassembly import Plan, TableWork, check_age, decide
+from spark_consumer.reassembly import Plan, TableWork, check_age
 from spark_consumer.writer_schemas import SchemaNotFound, WriterSchemas
 
 log = logging.getLogger("walbridge.consumer")
@@ -443,7 +444,7 @@ class BatchProcessor:
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
-        data, marks, bad = transaction_stats.collect(
+        summary, bad = transaction_stats.collect(
             [(t.events, t.key[0] if t.key else None) for t in tables.values()],
             marker_df,
             before.commit_lsn,
@@ -456,7 +457,7 @@ class BatchProcessor:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
             step("reject")
 
-        plan = decide(data, marks, before.commit_lsn)
+        plan = reassembly.plan(summary, before.commit_lsn)
         check_age(plan.pending, now_ms, cfg.max_pending_age_s)
         if plan.pending_records > cfg.max_pending_records:
             oldest = plan.oldest_pending

@@ -1,5 +1,5 @@
 """One aggregation per batch: decoded events and markers -> the small per-transaction records
-that `reassembly.decide` plans from, plus the records that failed to decode.
+that `reassembly.plan` plans from, plus the records that failed to decode.
 
 Everything the batch needs to know before it writes (completeness, truncates, unchanged-TOAST
 columns, key bounds for file pruning, undecodable records) comes out of this single Spark job,
@@ -8,11 +8,9 @@ so a small batch does not pay for a dozen separate aggregations.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,12 +34,8 @@ from spark_consumer.columns import (
     TOTAL_ORDER,
     TX_ID,
 )
-from spark_consumer.reassembly import MarkerStats, TableStats
+from spark_consumer.reassembly import DATA_SCHEMA, EXPECTED_SCHEMA, MARKER_SCHEMA, Summary
 
-# Summary rows converted to Python objects at a time (transaction_stats.collect).
-_SLICE_ROWS = 16_384
-# Shared: each frozenset() call makes a new 216-byte object, more than a TableStats itself.
-_NO_COLUMNS: frozenset[str] = frozenset()
 NOT_DECODED = "Avro body does not decode with its writer schema"
 NO_TRANSACTION = "data event without transaction block or commit_lsn"
 
@@ -145,43 +139,6 @@ def _nonempty(array: Column) -> Column:
     return F.when(F.size(array) > 0, array)
 
 
-# Strings repeated across the summary's rows: converted through a dictionary, one Python
-# object per distinct value (a table's name, or a transaction's id on its few rows).
-_REPEATED = ("kind", "tx", "coll", "topic")
-
-
-def _columns(part: pa.RecordBatch) -> dict[str, list[Any]]:
-    """A slice of the summary as Python lists, one per column. Column by column: pyarrow's
-    row-wise conversion (and PySpark's Rows before it) cost about 20 µs per summary row."""
-    out: dict[str, list[Any]] = {}
-    for name in part.schema.names:
-        column = part.column(name)
-        if name in _REPEATED:
-            encoded = pc.dictionary_encode(column)
-            values = [sys.intern(v) for v in encoded.dictionary.to_pylist()]
-            out[name] = [None if j is None else values[j] for j in _pylist(encoded.indices)]
-        else:
-            out[name] = _pylist(column)
-    return out
-
-
-def _pylist(column: pa.Array) -> list[Any]:
-    """`column.to_pylist()`, faster for what most of the summary is: all-null columns, and
-    integers and booleans (through numpy: pyarrow makes a scalar per value, ~0.6 µs each)."""
-    n = len(column)
-    if column.null_count == n:
-        return [None] * n
-    kind = column.type
-    if not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
-        return column.to_pylist()
-    filler = False if pa.types.is_boolean(kind) else 0
-    values: list[Any] = pc.fill_null(column, filler).to_numpy(zero_copy_only=False).tolist()
-    if column.null_count:
-        valid = column.is_valid().to_numpy(zero_copy_only=False).tolist()
-        values = [v if ok else None for v, ok in zip(values, valid, strict=True)]
-    return values
-
-
 def _group_columns() -> list[Column]:
     return [F.col(c) for c in ("kind", "bad", "tx", "coll", "topic")]
 
@@ -226,7 +183,7 @@ def collect(
     message_collection: str,
     now_ms: int,
     cache: ColumnCache,
-) -> tuple[list[TableStats], list[MarkerStats], list[BadRecord]]:
+) -> tuple[Summary, list[BadRecord]]:
     """Run the batch's one aggregation. `tables`: (decoded events, first key column or None).
     Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`.
     `cache`: the processor's, for the expressions every batch builds alike."""
@@ -237,65 +194,83 @@ def collect(
     agg = (
         rows.groupBy(*cache.get("summary-groups", _group_columns))
         .agg(*cache.get("summary-aggregates", _aggregates))
-        # As Arrow, converted a slice at a time: a catch-up batch brings back ~185k of these
-        # rows, and as pickled Rows (built one by one, each field looked up by name) they took
-        # about 10 s of the driver's Python per batch and raised its RSS by ~500 MB.
+        # As Arrow, and planned as Arrow (reassembly.plan): a catch-up batch brings back
+        # ~180k of these rows; as pickled Rows, then as Python objects, they cost the driver
+        # seconds and hundreds of MB per batch.
         .toArrow()
     )
-    data: list[TableStats] = []
-    marks: list[MarkerStats] = []
-    bad = [
-        BadRecord(r["topic"], r["first_part"], r["first_off"], r["bad"], r["records"])
-        for r in agg.filter(pc.is_valid(agg["bad"])).to_pylist()
-    ]
+    return summarize(agg, message_collection, now_ms)
+
+
+def _column(table: pa.Table, name: str, kind: pa.DataType) -> pa.Array:
+    column = table[name]
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array.cast(kind)
+
+
+def summarize(
+    agg: pa.Table, message_collection: str, now_ms: int
+) -> tuple[Summary, list[BadRecord]]:
+    """The aggregation's rows (`_group_columns` + `_aggregates`) in the planner's layout, and
+    the groups that cannot be used. Pure: no Spark."""
+    bad = sorted(
+        (
+            BadRecord(r["topic"], r["first_part"], r["first_off"], r["bad"], r["records"])
+            for r in agg.filter(pc.is_valid(agg["bad"])).to_pylist()
+        ),
+        key=lambda b: (b.topic, b.partition, b.offset),
+    )
     usable_rows = agg.filter(pc.is_null(agg["bad"]))
-    for part in usable_rows.to_batches(max_chunksize=_SLICE_ROWS):
-        col = _columns(part)
-        for i in range(part.num_rows):
-            seen = col["seen"][i]
-            if seen is None:
-                seen = now_ms
-            if col["kind"][i] == "d":
-                if col["k_null"][i]:
-                    low = high = None
-                elif col["kl_min"][i] is not None:
-                    low, high = col["kl_min"][i], col["kl_max"][i]
-                else:
-                    low, high = col["ks_min"][i], col["ks_max"][i]
-                toast = col["toast"][i]
-                data.append(
-                    TableStats(
-                        tx_id=col["tx"][i],
-                        collection=col["coll"][i],
-                        topic=col["topic"][i],
-                        commit_lsn=col["lsn"][i],
-                        events=col["events"][i],
-                        records=col["records"][i],
-                        first_seen_ms=seen,
-                        truncate_order=col["t_ord"][i],
-                        truncates=col["truncates"][i],
-                        toast_columns=frozenset(toast) if toast else _NO_COLUMNS,
-                        key_min=low,
-                        key_max=high,
-                        only_inserts=not col["not_insert"][i],
-                    )
-                )
-            else:
-                expected = {
-                    sys.intern(d["data_collection"]): d["event_count"]
-                    for d in (col["dcs"][i] or ())
-                    if d["data_collection"] != message_collection
-                }
-                marks.append(
-                    MarkerStats(
-                        col["tx"][i],
-                        col["lsn"][i],
-                        bool(col["has_end"][i]),
-                        expected,
-                        col["records"][i],
-                        seen,
-                        col["ts"][i],
-                    )
-                )
-    bad.sort(key=lambda b: (b.topic, b.partition, b.offset))
-    return data, marks, bad
+    d = usable_rows.filter(pc.equal(usable_rows["kind"], "d"))
+    m = usable_rows.filter(pc.equal(usable_rows["kind"], "m"))
+
+    def seen(t: pa.Table) -> pa.Array:
+        return pc.fill_null(_column(t, "seen", pa.int64()), now_ms)
+
+    data = pa.Table.from_arrays(
+        [
+            _column(d, "tx", pa.string()),
+            _column(d, "coll", pa.string()),
+            _column(d, "topic", pa.string()),
+            _column(d, "lsn", pa.int64()),
+            _column(d, "events", pa.int64()),
+            _column(d, "records", pa.int64()),
+            seen(d),
+            _column(d, "t_ord", pa.int64()),
+            _column(d, "truncates", pa.int64()),
+            _column(d, "toast", pa.list_(pa.string())),
+            _column(d, "kl_min", pa.int64()),
+            _column(d, "kl_max", pa.int64()),
+            _column(d, "ks_min", pa.string()),
+            _column(d, "ks_max", pa.string()),
+            _column(d, "k_null", pa.bool_()),
+            pc.invert(pc.fill_null(_column(d, "not_insert", pa.bool_()), True)),
+        ],
+        schema=DATA_SCHEMA,
+    )
+    marker_rows = pa.Table.from_arrays(
+        [
+            _column(m, "tx", pa.string()),
+            _column(m, "lsn", pa.int64()),
+            pc.fill_null(_column(m, "has_end", pa.bool_()), False),
+            _column(m, "records", pa.int64()),
+            seen(m),
+            _column(m, "ts", pa.int64()),
+        ],
+        schema=MARKER_SCHEMA,
+    )
+    # The END's data_collections, one row per table collection (not the messages' one).
+    dcs = _column(m, "dcs", m.schema.field("dcs").type)
+    owner = pc.list_parent_indices(dcs)
+    named = pc.list_flatten(dcs)
+    expected = pa.Table.from_arrays(
+        [
+            pc.take(marker_rows["tx"], owner),
+            pc.take(marker_rows["lsn"], owner),
+            pc.struct_field(named, "data_collection").cast(pa.string()),
+            pc.struct_field(named, "event_count").cast(pa.int64()),
+        ],
+        schema=EXPECTED_SCHEMA,
+    )
+    expected = expected.filter(pc.not_equal(expected["coll"], message_collection))
+    return Summary(data, marker_rows, expected), bad

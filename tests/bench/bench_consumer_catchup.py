@@ -155,6 +155,12 @@ def main() -> None:
     ap.add_argument("--transactions", type=int, default=1_000_000)
     ap.add_argument("--accounts", type=int, default=100_000)
     ap.add_argument("--step", type=int, default=100_000, help="transactions per timed step")
+    ap.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=None,
+        help="the consumer's batch cap (default: its own default)",
+    )
     args = ap.parse_args()
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     s = f"bench_catchup_{uuid.uuid4().hex[:8]}"
@@ -203,7 +209,12 @@ def main() -> None:
                 flush=True,
             )
 
-            proc = p.processor(trigger=None, available_now=True)
+            caps = (
+                {}
+                if args.max_offsets_per_trigger is None
+                else {"max_offsets_per_trigger": args.max_offsets_per_trigger}
+            )
+            proc = p.processor(trigger=None, available_now=True, **caps)
             jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
             marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
             # (batches done, RSS MB of the Python driver, of the JVM), sampled within a second
