@@ -29,6 +29,7 @@ from schemas.topics import TopicKind, classify, message_topic, snapshot_topic, t
 from spark_consumer import (
     checkpoints,
     codegen_stable,
+    freed_memory,
     lake_state,
     merge,
     pending,
@@ -48,7 +49,7 @@ from spark_consumer.columns import (
     key_fields,
     row_fields,
 )
-from spark_consumer.config import ConsumerConfig, Decoder
+from spark_consumer.config import DEFAULT_MAX_OFFSETS_PER_TRIGGER, ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.decode import ENV, envelope_column, event_columns, marker_columns
 from spark_consumer.decode_fastavro import with_envelope_fastavro
@@ -68,6 +69,9 @@ RECORD_ID_COLUMNS = ["topic", "partition", "offset"]
 # *serialized* level: every later scan of the cache deserializes it again. On a warm JVM, a
 # 1M-insert batch took 17.6 s (27 s of JVM CPU) with it and 14.5 s (22 s) with this one.
 _CACHE = StorageLevel.MEMORY_AND_DISK_DESER
+# Up to this many waiting records, the pending save sends their coordinates (topic, partition,
+# offset: ~40 bytes each) to every task instead of shuffling the batch: the default batch cap.
+_BROADCAST_PENDING = DEFAULT_MAX_OFFSETS_PER_TRIGGER
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,10 @@ class BatchProcessor:
         self._columns = ColumnCache()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        report = self.process(batch, batch_id)
+        try:
+            report = self.process(batch, batch_id)
+        finally:
+            freed_memory.release()
         self.reports.append(report)
         if self.metrics is not None:
             self.metrics.observe_batch(report, self.clock_ms())
@@ -669,6 +676,10 @@ class BatchProcessor:
             ]
             + [marker_df.filter(F.col(OK) & later).select(*coords)],
         )
+        if plan.pending_records <= _BROADCAST_PENDING:
+            # Spark cannot know that so few rows wait (their frames are cached whole), so it
+            # shuffled the whole batch, payloads and all, to join them: ~0.8 s per catch-up batch.
+            waiting = F.broadcast(waiting)
         rows = raw.join(waiting, RECORD_ID_COLUMNS, "left_semi")
         if append:
             rows = rows.filter(F.col(FIRST_SEEN).isNull())  # read by this batch, not before

@@ -247,7 +247,10 @@ def plan(summary: Summary, watermark: int) -> Plan:
 
     # Every (transaction, table) whose count of distinct events differs from its END's.
     counts = data.select(["tx", "coll", "events"]).join(
-        expected.select(["tx", "coll", "expected"]), keys=["tx", "coll"], join_type="full outer"
+        expected.select(["tx", "coll", "expected"]),
+        keys=["tx", "coll"],
+        join_type="full outer",
+        use_threads=False,
     )
     differs = counts.filter(
         pc.not_equal(pc.fill_null(counts["events"], 0), pc.fill_null(counts["expected"], 0))
@@ -259,7 +262,12 @@ def plan(summary: Summary, watermark: int) -> Plan:
         .group_by("tx", use_threads=False)
         .aggregate([("lsn", "max")])
         .rename_columns(["tx", "lsn"])
-        .join(markers.select(["tx", "has_end", "ts"]), keys="tx", join_type="left outer")
+        .join(
+            markers.select(["tx", "has_end", "ts"]),
+            keys="tx",
+            join_type="left outer",
+            use_threads=False,
+        )
         .sort_by("lsn")
     )
     lsn = _numpy(txs["lsn"], 0)
@@ -282,14 +290,18 @@ def plan(summary: Summary, watermark: int) -> Plan:
             )
         )
     last_ts = txs["ts"].filter(pa.array(applied))[-1].as_py() if applied.any() else None
+    del counts, txs  # a catch-up batch's are tens of MB: not kept through what follows
+    # Filters copy what they keep: only the columns each step reads.
+    waiting = _after(data.select(["tx", "lsn", "seen", "records"]), w_after)
+    waiting_markers = _after(markers, w_after)
     return Plan(
         watermark,
         w_after,
         int(applied.sum()),
-        _table_work(data.filter(pc.less_equal(data["lsn"], w_after))),
-        _pending(_after(data, w_after), _after(markers, w_after), differs),
-        int(pc.sum(_after(data, w_after)["records"]).as_py() or 0)
-        + int(pc.sum(_after(markers, w_after)["records"]).as_py() or 0),
+        _table_work(data.drop_columns(["tx", "seen"]).filter(pc.less_equal(data["lsn"], w_after))),
+        _pending(waiting, waiting_markers, differs),
+        int(pc.sum(waiting["records"]).as_py() or 0)
+        + int(pc.sum(waiting_markers["records"]).as_py() or 0),
         last_ts,
     )
 

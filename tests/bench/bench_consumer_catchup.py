@@ -217,9 +217,10 @@ def main() -> None:
             proc = p.processor(trigger=None, available_now=True, **caps)
             jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
             marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
-            # (batches done, RSS MB of the Python driver, of the JVM), sampled within a second
-            # of a batch's end: bounded memory shows as a plateau, whatever backlog is left.
-            after_batch: list[tuple[int, int, int]] = []
+            # (batches done, RSS MB of the Python driver, of the JVM, the Python driver's peak
+            # since the last sample), sampled within a second of a batch's end: bounded memory
+            # shows as a plateau, whatever backlog is left.
+            after_batch: list[tuple[int, int, int, int]] = []
             with Peak({"python": os.getpid(), "jvm": jvm}) as peak:
                 t0 = time.perf_counter()
                 query = start(spark, proc.config, proc)
@@ -231,7 +232,12 @@ def main() -> None:
                         marks.append((total, time.perf_counter() - t0))
                     if len(proc.reports) > seen:
                         after_batch.append(
-                            (len(proc.reports), rss_kb(os.getpid()) // 1024, rss_kb(jvm) // 1024)
+                            (
+                                len(proc.reports),
+                                rss_kb(os.getpid()) // 1024,
+                                rss_kb(jvm) // 1024,
+                                peak.since("python") // 1024,
+                            )
                         )
                     seen = len(proc.reports)
                 consumer_s = time.perf_counter() - t0
@@ -283,8 +289,9 @@ def main() -> None:
                     f"{peak.peak[name] / peak.before[name]:.2f}"
                 )
             print(
-                "RSS within a second of a batch's end, MB (after batch n: Python / JVM): "
-                + ", ".join(f"{n}: {py} / {j}" for n, py, j in after_batch)
+                "RSS within a second of a batch's end, MB (after batch n: Python / JVM / "
+                "Python's peak during the batch): "
+                + ", ".join(f"{n}: {py} / {j} / {a}" for n, py, j, a in after_batch)
             )
             p.assert_equal()
             print("verify: the lake equals PostgreSQL")

@@ -53,13 +53,21 @@ class Peak:
         self.pids = pids
         self.before = {k: rss_kb(p) for k, p in pids.items()}
         self.peak = dict(self.before)
+        self._since: dict[str, int] = dict(self.before)  # peak since the last `since()`
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             for k, p in self.pids.items():
-                self.peak[k] = max(self.peak[k], rss_kb(p))
+                now = rss_kb(p)
+                self.peak[k] = max(self.peak[k], now)
+                self._since[k] = max(self._since[k], now)
+
+    def since(self, name: str) -> int:
+        """The peak of `name` since the last call (or the start), in kB; starts a new window."""
+        peak, self._since[name] = self._since[name], rss_kb(self.pids[name])
+        return peak
 
     def __enter__(self) -> Peak:
         self._thread.start()
