@@ -49,7 +49,7 @@ from spark_consumer.columns import (
     key_fields,
     row_fields,
 )
-from spark_consumer.config import DEFAULT_MAX_OFFSETS_PER_TRIGGER, ConsumerConfig, Decoder
+from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.decode import ENV, envelope_column, event_columns, marker_columns
 from spark_consumer.decode_fastavro import with_envelope_fastavro
@@ -70,8 +70,9 @@ RECORD_ID_COLUMNS = ["topic", "partition", "offset"]
 # 1M-insert batch took 17.6 s (27 s of JVM CPU) with it and 14.5 s (22 s) with this one.
 _CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 # Up to this many waiting records, the pending save sends their coordinates (topic, partition,
-# offset: ~40 bytes each) to every task instead of shuffling the batch: the default batch cap.
-_BROADCAST_PENDING = DEFAULT_MAX_OFFSETS_PER_TRIGGER
+# offset: ~40 bytes each, ~10 MB at most) to every task instead of shuffling the batch. The
+# default batch cap's worth, fixed here so that raising the cap cannot grow the broadcast.
+_BROADCAST_PENDING = 250_000
 
 
 @dataclass(frozen=True)

@@ -171,3 +171,40 @@ def test_a_begin_without_end_waits() -> None:
     p = plan(summary, watermark=-1)
     assert p.applied_transactions == 0 and p.pending_records == 3
     assert [(t.tx_id, t.has_end, t.first_seen_ms) for t in p.pending] == [("1:5", False, 3)]
+
+
+def test_spark_chunks_and_null_lists_that_span_values_summarize_alike() -> None:
+    rows = [data(f"{i}:{i}", i, coll=c) for i in range(1, 4) for c in ("s.a", "s.b")]
+    rows += [
+        marker(
+            f"{i}:{i}",
+            i,
+            dcs=[
+                {"data_collection": "s.a", "event_count": 1},
+                {"data_collection": "s.b", "event_count": 1},
+            ],
+        )
+        for i in range(1, 4)
+    ]
+    whole = agg(*rows)
+    # One chunk per row, as Spark's record batches come, and a BEGIN whose null
+    # data_collections still spans values in the list's buffers (Arrow allows it).
+    pieces = [whole.slice(i, 1) for i in range(whole.num_rows)]
+    begin = agg(marker("4:4", 4, end=False))
+    dcs = pa.ListArray.from_arrays(
+        pa.array([0, 2], pa.int32()),
+        pa.array([{"data_collection": "s.a", "event_count": 9}] * 2, DCS.value_type),
+        mask=pa.array([True]),
+    )
+    begin = begin.set_column(begin.schema.get_field_index("dcs"), "dcs", dcs)
+    one, _ = ts.summarize(pa.concat_tables([whole, agg(marker("4:4", 4, end=False))]), "m", 0)
+    many, _ = ts.summarize(pa.concat_tables([*pieces, begin]), "m", 0)
+    for name in ("data", "markers", "expected"):
+        assert getattr(many, name).to_pylist() == getattr(one, name).to_pylist()
+    assert len(one.expected) == 6
+    p = plan(many, watermark=-1)
+    assert (p.applied_transactions, p.watermark_after, [t.tx_id for t in p.pending]) == (
+        3,
+        3,
+        ["4:4"],
+    )
