@@ -310,8 +310,9 @@ def _table_work(rows: pa.Table) -> tuple[TableWork, ...]:
     """Per table, what the applied transactions' events ask of its MERGE."""
     if rows.num_rows == 0:
         return ()
-    flags = rows.select(["coll", "topic", "events", "k_null", "kl_min", "kl_max"])
-    flags = flags.append_column("ks_min", rows["ks_min"]).append_column("ks_max", rows["ks_max"])
+    flags = rows.select(
+        ["coll", "topic", "events", "k_null", "kl_min", "kl_max", "ks_min", "ks_max"]
+    )
     flags = flags.append_column("all_t", pc.equal(rows["truncates"], rows["records"]))
     flags = flags.append_column(
         "distinct_c", pc.and_(rows["only_inserts"], pc.equal(rows["events"], rows["records"]))

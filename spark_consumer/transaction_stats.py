@@ -209,6 +209,11 @@ def _rows(agg: pa.Table, kind: str, columns: list[str]) -> pa.Table:
     return agg.select(columns).filter(usable)
 
 
+def _filled(rows: pa.Table, name: str, value: object) -> pa.Table:
+    """`rows` with the nulls of column `name` replaced by `value`."""
+    return rows.set_column(rows.schema.get_field_index(name), name, pc.fill_null(rows[name], value))
+
+
 def _typed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(
         [rows[f.name].cast(f.type) for f in schema], schema=schema
@@ -228,14 +233,11 @@ def summarize(
         key=lambda b: (b.topic, b.partition, b.offset),
     )
     d = _rows(agg, "d", [n for n in DATA_SCHEMA.names if n != "only_inserts"] + ["not_insert"])
-    d = d.set_column(d.schema.get_field_index("seen"), "seen", pc.fill_null(d["seen"], now_ms))
+    d = _filled(d, "seen", now_ms)
     d = d.append_column("only_inserts", pc.invert(pc.fill_null(d["not_insert"], True)))
     data = _typed(d, DATA_SCHEMA)
-    m = _rows(agg, "m", [*MARKER_SCHEMA.names, "dcs"])
-    m = m.set_column(m.schema.get_field_index("seen"), "seen", pc.fill_null(m["seen"], now_ms))
-    m = m.set_column(
-        m.schema.get_field_index("has_end"), "has_end", pc.fill_null(m["has_end"], False)
-    )
+    m = _filled(_rows(agg, "m", [*MARKER_SCHEMA.names, "dcs"]), "seen", now_ms)
+    m = _filled(m, "has_end", False)
     marker_rows = _typed(m, MARKER_SCHEMA)
     # The END's data_collections, one row per table collection (not the messages' one).
     # A null list may span values in its buffers; `_rows` filtering gives it none today.
