@@ -109,6 +109,9 @@ class _Framing:
     marker_ids: list[int]
     offsets: list[tuple[str, int, int]]
     reject: Column | None  # reason per row when some rows are undecodable, else None
+    # Some record read from Kafka by this batch lies below where the last progress row says
+    # Kafka reading had got to: read before, so it may also wait in the pending state.
+    rereads: bool = False
 
 
 @dataclass(frozen=True)
@@ -240,8 +243,11 @@ class BatchProcessor:
             F.lit(None).cast("long").alias(FIRST_SEEN),
         )
         if before.pending_version is not None:  # None: nothing waited after the last batch
+            # No de-duplication here: a batch reads Kafka from where the last one stopped, so
+            # its records and the waiting ones never share coordinates. Making sure of it cost
+            # a shuffle of the whole batch, payloads and all; `_framing` checks it instead.
             old = pending.load(self.spark, self.config.pending_path, before.pending_version)
-            rows = rows.unionByName(old).dropDuplicates(RECORD_ID_COLUMNS)
+            rows = rows.unionByName(old)
         # The Kafka source gives one partition per topic partition, and every table's decode
         # below scans the whole cached batch: tables x partitions tasks, 90k tiny tasks for a
         # batch touching 300 tables. One partition per core keeps every core busy and makes
@@ -251,17 +257,24 @@ class BatchProcessor:
             "_kid", schema_id_col("key")
         )
 
-    def _framing(self, framed: DataFrame) -> _Framing:
-        """Job 1: per topic partition and schema ids: the highest offset, and whether a key is
-        not Confluent-framed. Classifies topics and fetches writer schemas."""
+    def _framing(self, framed: DataFrame, before: progress.Progress) -> _Framing:
+        """Job 1: per topic partition and schema ids: the highest offset, the lowest offset
+        read from Kafka (the waiting records have a first-seen time), and whether a key is not
+        Confluent-framed. Classifies topics and fetches writer schemas."""
         prefix = self.config.topic_prefix
         rows = (
             framed.groupBy("topic", "partition", "_vid", "_kid")
             .agg(
                 F.max("offset").alias("max_offset"),
+                F.min(F.when(F.col(FIRST_SEEN).isNull(), F.col("offset"))).alias("min_read"),
                 F.max(F.col("key").isNotNull() & F.col("_kid").isNull()).alias("bad_key"),
             )
             .collect()
+        )
+        rereads = any(
+            r["min_read"] is not None
+            and r["min_read"] < before.kafka_offsets.get(r["topic"], {}).get(str(r["partition"]), 0)
+            for r in rows
         )
         offsets: dict[tuple[str, int], int] = {}
         unknown_vids: set[int] = set()
@@ -322,7 +335,7 @@ class BatchProcessor:
                 )
             )
         return _Framing(
-            infos, marker_ids, [(t, p, o) for (t, p), o in sorted(offsets.items())], reject
+            infos, marker_ids, [(t, p, o) for (t, p), o in sorted(offsets.items())], reject, rereads
         )
 
     def _known(self, schema_id: int) -> bool:
@@ -439,16 +452,24 @@ class BatchProcessor:
             steps[name] = round(now - clock, 3)
             clock = now
 
-        framing = self._framing(framed)
-        step("framing")
-        quarantined = 0
+        framing = self._framing(framed, before)
         raw = framed
-        if framing.reject is not None:
-            quarantined = self._reject(
-                framed.withColumn("_reason", framing.reject).filter(F.col("_reason").isNotNull()),
+        if framing.rereads and before.pending_version is not None:
+            # Kafka was read again from further back than the last batch got to (Spark's
+            # checkpoint was replaced, say): a record may be here twice, once waiting.
+            log.warning(
+                "batch %d re-reads Kafka records an earlier batch read; removing duplicates",
                 batch_id,
             )
-            raw = framed.filter(framing.reject.isNull())
+            raw = framed.dropDuplicates(RECORD_ID_COLUMNS)
+        step("framing")
+        quarantined = 0
+        if framing.reject is not None:
+            quarantined = self._reject(
+                raw.withColumn("_reason", framing.reject).filter(F.col("_reason").isNotNull()),
+                batch_id,
+            )
+            raw = raw.filter(framing.reject.isNull())
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)

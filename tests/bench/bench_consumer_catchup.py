@@ -282,6 +282,13 @@ def main() -> None:
                 f"batch time per step, summed over {len(proc.reports)} batches ({batch_s:.0f} s): "
                 + ", ".join(f"{n} {v:.0f} s" for n, v in totals.items())
             )
+            print(
+                "per batch (transactions applied / records left waiting / seconds): "
+                + ", ".join(
+                    f"{r.applied_transactions} / {r.pending_records} / {r.seconds:.1f}"
+                    for r in proc.reports
+                )
+            )
             for name in ("python", "jvm"):
                 print(
                     f"driver {name} RSS: {peak.before[name] / 1024:.0f} MB idle before, "
