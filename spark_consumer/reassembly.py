@@ -97,20 +97,24 @@ class TableWork:
     only_distinct_inserts: bool = False
 
 
+# How many waiting transactions a plan names (oldest first): enough for the error messages and
+# the age check. A catch-up batch may leave tens of thousands waiting; an object for each cost
+# the driver more than the rest of planning.
+NAMED_PENDING = 5
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     watermark_before: int  # commit_lsn applied before this batch (-1: nothing yet)
     watermark_after: int  # commit_lsn applied after this batch
     applied_transactions: int
     tables: tuple[TableWork, ...]
-    pending: tuple[TxSummary, ...] = field(default=())  # oldest first
+    # The oldest waiting transactions (first seen, then commit order), NAMED_PENDING at most.
+    pending: tuple[TxSummary, ...] = field(default=())
     pending_records: int = 0
     # Source commit time of the last applied transaction (None: nothing applied)
     commit_ts_ms: int | None = None
-
-    @property
-    def pending_transactions(self) -> int:
-        return len(self.pending)
+    pending_transactions: int = 0  # all of them
 
     @property
     def oldest_pending(self) -> TxSummary | None:
@@ -224,6 +228,10 @@ def decide(data: Iterable[TableStats], markers: Iterable[MarkerStats], watermark
 
 
 def _after(table: pa.Table, lsn: int) -> pa.Table:
+    """The rows above `lsn`; the table itself when all are (a filter copies what it keeps)."""
+    low = pc.min(table["lsn"]).as_py()
+    if low is not None and low > lsn and table["lsn"].null_count == 0:
+        return table
     return table.filter(pc.greater(table["lsn"], lsn))
 
 
@@ -294,15 +302,17 @@ def plan(summary: Summary, watermark: int) -> Plan:
     # Filters copy what they keep: only the columns each step reads.
     waiting = _after(data.select(["tx", "lsn", "seen", "records"]), w_after)
     waiting_markers = _after(markers, w_after)
+    count, oldest = _pending(waiting, waiting_markers, differs)
     return Plan(
         watermark,
         w_after,
         int(applied.sum()),
         _table_work(data.drop_columns(["tx", "seen"]).filter(pc.less_equal(data["lsn"], w_after))),
-        _pending(waiting, waiting_markers, differs),
+        oldest,
         int(pc.sum(waiting["records"]).as_py() or 0)
         + int(pc.sum(waiting_markers["records"]).as_py() or 0),
         last_ts,
+        count,
     )
 
 
@@ -369,8 +379,10 @@ def _table_work(rows: pa.Table) -> tuple[TableWork, ...]:
     return tuple(work)
 
 
-def _pending(data: pa.Table, markers: pa.Table, differs: pa.Table) -> tuple[TxSummary, ...]:
-    """The transactions that wait, oldest first (by first seen, then commit order)."""
+def _pending(
+    data: pa.Table, markers: pa.Table, differs: pa.Table
+) -> tuple[int, tuple[TxSummary, ...]]:
+    """How many transactions wait, and the oldest of them (by first seen, then commit order)."""
     first = (
         pa.concat_tables(
             [data.select(["tx", "lsn", "seen"]), markers.select(["tx", "lsn", "seen"])]
@@ -379,23 +391,27 @@ def _pending(data: pa.Table, markers: pa.Table, differs: pa.Table) -> tuple[TxSu
         .aggregate([("lsn", "max"), ("seen", "min")])
     )
     if first.num_rows == 0:
-        return ()
-    ended = set(markers.filter(pc.fill_null(markers["has_end"], False))["tx"].to_pylist())
+        return 0, ()
+    order = [("seen_min", "ascending"), ("lsn_max", "ascending"), ("tx", "ascending")]
+    oldest = pc.select_k_unstable(first, NAMED_PENDING, sort_keys=order)
+    oldest = first.take(oldest).sort_by(order)
+    named = _array(oldest["tx"])
+    ended = markers.filter(pc.is_in(markers["tx"], value_set=named))
+    ended = set(ended.filter(pc.fill_null(ended["has_end"], False))["tx"].to_pylist())
     short: dict[str, list[str]] = {}
-    gaps = differs.filter(pc.is_in(differs["tx"], value_set=_array(first["tx"]))).sort_by("coll")
+    gaps = differs.filter(pc.is_in(differs["tx"], value_set=named)).sort_by("coll")
     for tx, c, seen, wanted in zip(
         *(gaps[n].to_pylist() for n in ("tx", "coll", "events", "expected")), strict=True
     ):
         short.setdefault(tx, []).append(f"{c}: {seen or 0} of {wanted or 0} events")
-    out = [
+    return first.num_rows, tuple(
         TxSummary(tx, at, True, tuple(short.get(tx, ())), seen)
         if tx in ended
         else TxSummary(tx, at, False, ("END marker not seen yet",), seen)
         for tx, at, seen in zip(
-            *(first[n].to_pylist() for n in ("tx", "lsn_max", "seen_min")), strict=True
+            *(oldest[n].to_pylist() for n in ("tx", "lsn_max", "seen_min")), strict=True
         )
-    ]
-    return tuple(sorted(out, key=lambda t: (t.first_seen_ms, t.commit_lsn)))
+    )
 
 
 def check_age(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from spark_consumer.errors import TransactionError
 from spark_consumer.reassembly import (
+    NAMED_PENDING,
     MarkerStats,
     Plan,
     Summary,
@@ -97,12 +98,13 @@ def reference(data: Sequence[TableStats], markers: Sequence[MarkerStats], waterm
             if n.get(c, 0) != want.get(c, 0)
         )
         pending.append(TxSummary(tx, lsn[tx], True, missing, first))
-    pending.sort(key=lambda t: (t.first_seen_ms, t.commit_lsn))
+    pending.sort(key=lambda t: (t.first_seen_ms, t.commit_lsn, t.tx_id))
     waiting = {t.tx_id for t in pending}
     records = sum(s.records for tx in waiting for s in by_tx.get(tx, {}).values())
     records += sum(mark[tx].records for tx in waiting if tx in mark)
     last = mark[applied[-1]].commit_ts_ms if applied else None
-    return Plan(watermark, w_after, len(applied), tuple(work), tuple(pending), records, last)
+    oldest = tuple(pending[:NAMED_PENDING])
+    return Plan(watermark, w_after, len(applied), tuple(work), oldest, records, last, len(pending))
 
 
 @st.composite
