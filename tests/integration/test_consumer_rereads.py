@@ -49,7 +49,7 @@ def test_records_read_twice_wait_once_and_apply_once(spark: SparkSession, tmp_pa
     )
     begin, *events, end = t2.records()
     # Batch 0: t1 whole; t2's BEGIN, END and two of its three events (they wait).
-    first = log.rows(t1.records() + [begin, *events[:2], end])
+    first = log.rows([*t1.records(), begin, *events[:2], end])
     report = processor.process(spark.createDataFrame(first, KAFKA_SCHEMA), 0)
     assert (report.commit_lsn, report.pending_transactions, report.pending_records) == (100, 1, 4)
 
