@@ -2,9 +2,11 @@
 
 raw Kafka rows (+ pending rows, when there are any) -> framing check and offsets (job 1)
 -> decode per (topic, writer schema id), cached -> one summary aggregation (job 2)
--> pure reassembly plan -> one guarded MERGE per touched table (insert-only when the table's
-share is nothing but distinct inserts of a unique key, see merge.inserts_only_applies) ->
-pending state (only when something waits) -> progress row.
+-> reassembly plan (on the driver for a small batch; a large one's completeness is decided in
+job 2 and its tables' work in a small job 3, transaction_stats.py) -> one guarded MERGE per
+touched table (insert-only when the table's share is nothing but distinct inserts of a unique
+key, see merge.inserts_only_applies) -> pending state (only when something waits) -> progress
+row.
 
 The fixed cost of a batch is kept to these few Spark jobs plus the MERGEs: everything the
 driver needs to decide comes back from jobs 1 and 2 as small rows. Every step is idempotent
@@ -35,7 +37,6 @@ from spark_consumer import (
     pending,
     progress,
     quarantine,
-    reassembly,
     transaction_stats,
 )
 from spark_consumer.column_cache import ColumnCache
@@ -73,6 +74,10 @@ _CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 # offset: ~40 bytes each, ~10 MB at most) to every task instead of shuffling the batch. The
 # default batch cap's worth, fixed here so that raising the cap cannot grow the broadcast.
 _BROADCAST_PENDING = 250_000
+# A batch of more records than this is planned in Spark, a smaller one on the driver
+# (transaction_stats.py): Spark's way costs a shuffle and a small job more, the driver's brings
+# back a row per (transaction, table).
+_SPARK_PLANNING_RECORDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class _Framing:
     marker_ids: list[int]
     offsets: list[tuple[str, int, int]]
     reject: Column | None  # reason per row when some rows are undecodable, else None
+    records: int  # in the batch, waiting ones included
     # Some record read from Kafka by this batch lies below where the last progress row says
     # Kafka reading had got to: read before, so it may also wait in the pending state.
     rereads: bool = False
@@ -267,6 +273,7 @@ class BatchProcessor:
             .agg(
                 F.max("offset").alias("max_offset"),
                 F.min(F.when(F.col(FIRST_SEEN).isNull(), F.col("offset"))).alias("min_read"),
+                F.count(F.lit(1)).alias("records"),
                 F.max(F.col("key").isNotNull() & F.col("_kid").isNull()).alias("bad_key"),
             )
             .collect()
@@ -335,7 +342,12 @@ class BatchProcessor:
                 )
             )
         return _Framing(
-            infos, marker_ids, [(t, p, o) for (t, p), o in sorted(offsets.items())], reject, rereads
+            infos,
+            marker_ids,
+            [(t, p, o) for (t, p), o in sorted(offsets.items())],
+            reject,
+            sum(r["records"] for r in rows),
+            rereads,
         )
 
     def _known(self, schema_id: int) -> bool:
@@ -473,20 +485,27 @@ class BatchProcessor:
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
-        summary, bad = transaction_stats.collect(
+        stats = transaction_stats.collect(
             [(t.events, t.key[0] if t.key else None) for t in tables.values()],
             marker_df,
             before.commit_lsn,
             message_topic(cfg.topic_prefix),
             now_ms,
             self._columns,
+            in_spark=framing.records > _SPARK_PLANNING_RECORDS,
         )
+        persisted.extend(stats.frames)
         step("decode+summary")
-        if bad:
+        if stats.bad:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
             step("reject")
 
-        plan = reassembly.plan(summary, before.commit_lsn)
+        plan = stats.plan(before.commit_lsn)
+        too_old = any(
+            (now_ms - t.first_seen_ms) / 1000 > cfg.max_pending_age_s for t in plan.pending
+        )
+        if too_old or plan.pending_records > cfg.max_pending_records:
+            plan = replace(plan, pending=stats.describe(plan.pending))  # for the messages
         check_age(plan.pending, now_ms, cfg.max_pending_age_s)
         if plan.pending_records > cfg.max_pending_records:
             oldest = plan.oldest_pending
@@ -498,6 +517,7 @@ class BatchProcessor:
 
         # Tables whose snapshot the producer has not finished: an update of a row their
         # snapshot has not delivered yet is expected there (the snapshot row follows).
+        step("plan")
         snapshotting = self._snapshotting(raw, framing, before)
         step("snapshot state")
 

@@ -19,7 +19,7 @@ names (`Summary`); `plan` decides from it, column by column.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -243,47 +243,136 @@ def _numpy(column: pa.ChunkedArray | pa.Array, fill: object) -> np.ndarray:
     return pc.fill_null(column, fill).to_numpy(zero_copy_only=False)
 
 
+#: One row per transaction above the watermark: what the cut in commit order needs. Planned on
+#: the driver, `plan` derives it from a `Summary`; a large batch has Spark derive it
+#: (transaction_stats.py), so only this row per transaction reaches the driver.
+TX_SCHEMA = pa.schema(
+    [
+        ("tx", pa.string()),
+        ("lsn", pa.int64()),
+        ("seen", pa.int64()),  # first seen (its earliest record), epoch ms
+        ("records", pa.int64()),  # Kafka records: data events (repeats included) and markers
+        ("has_end", pa.bool_()),
+        # The END is here and every table it names has exactly its count of distinct events
+        # (and no other table has any).
+        ("complete", pa.bool_()),
+        ("ts", pa.int64()),  # the source commit time, or null
+    ]
+)
+#: One row per table: its events in the applied transactions (`DATA_SCHEMA` rows, aggregated).
+WORK_SCHEMA = pa.schema(
+    [
+        ("coll", pa.string()),
+        ("topic", pa.string()),
+        ("events", pa.int64()),
+        ("all_t", pa.bool_()),  # every record a truncate
+        ("distinct_c", pa.bool_()),  # every event an insert, none arrived twice
+        ("k_null", pa.bool_()),  # some event had no usable key value
+        ("long", pa.bool_()),  # every row has integer key bounds
+        ("str", pa.bool_()),  # every row has string key bounds
+        ("kl_min", pa.int64()),
+        ("kl_max", pa.int64()),
+        ("ks_min", pa.string()),
+        ("ks_max", pa.string()),
+        ("t_lsn", pa.int64()),  # the latest truncate (commit_lsn, total_order), or nulls
+        ("t_ord", pa.int64()),
+        ("toast", pa.list_(pa.string())),  # columns some event left unchanged, or null
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Where a batch's applied prefix of commit order ends, and what waits after it."""
+
+    watermark_before: int
+    watermark_after: int
+    applied_transactions: int
+    commit_ts_ms: int | None  # of the last applied transaction
+    pending_transactions: int
+    pending_records: int
+    # The oldest waiting transactions (NAMED_PENDING at most); what the ended ones miss is
+    # not filled in yet (`describe`).
+    oldest: tuple[TxSummary, ...]
+
+    def plan(self, tables: tuple[TableWork, ...], pending: tuple[TxSummary, ...]) -> Plan:
+        return Plan(
+            self.watermark_before,
+            self.watermark_after,
+            self.applied_transactions,
+            tables,
+            pending,
+            self.pending_records,
+            self.commit_ts_ms,
+            self.pending_transactions,
+        )
+
+
 def plan(summary: Summary, watermark: int) -> Plan:
-    """Plan one batch from its summary. Raises `TransactionError` when the producer broke the
-    ordering contract (data events without END although a later transaction ended).
+    """Plan one batch from its summary, on the driver. Raises `TransactionError` when the
+    producer broke the ordering contract (data events without END although a later
+    transaction ended).
 
     Every step is a vectorized pass, a hash join or a sort over the summary's rows:
     O(rows · log) whatever the transactions' shape."""
     data = _after(summary.data, watermark)  # at or below: already applied (a replay)
     markers = _after(summary.markers, watermark)
     expected = _after(summary.expected, watermark)
+    c = cut(_transactions(data, markers, _differs(data, expected)), watermark)
+    # Filters copy what they keep: only the columns each step reads.
+    applied = data.drop_columns(["tx", "seen"]).filter(
+        pc.less_equal(data["lsn"], c.watermark_after)
+    )
+    tables = table_works(_table_work(applied))
+    return c.plan(tables, describe(c.oldest, Summary(data, markers, expected)))
 
-    # Every (transaction, table) whose count of distinct events differs from its END's.
+
+def _differs(data: pa.Table, expected: pa.Table) -> pa.Table:
+    """Every (transaction, table) whose count of distinct events differs from its END's."""
     counts = data.select(["tx", "coll", "events"]).join(
         expected.select(["tx", "coll", "expected"]),
         keys=["tx", "coll"],
         join_type="full outer",
         use_threads=False,
     )
-    differs = counts.filter(
+    return counts.filter(
         pc.not_equal(pc.fill_null(counts["events"], 0), pc.fill_null(counts["expected"], 0))
     )
 
-    # One row per transaction, in commit order.
+
+def _transactions(data: pa.Table, markers: pa.Table, differs: pa.Table) -> pa.Table:
+    """The summary's rows per transaction, in `TX_SCHEMA`."""
+    rows = ["tx", "lsn", "seen", "records"]
     txs = (
-        pa.concat_tables([data.select(["tx", "lsn"]), markers.select(["tx", "lsn"])])
+        pa.concat_tables([data.select(rows), markers.select(rows)])
         .group_by("tx", use_threads=False)
-        .aggregate([("lsn", "max")])
-        .rename_columns(["tx", "lsn"])
+        .aggregate([("lsn", "max"), ("seen", "min"), ("records", "sum")])
+        .rename_columns(["tx", "lsn", "seen", "records"])
         .join(
             markers.select(["tx", "has_end", "ts"]),
             keys="tx",
             join_type="left outer",
             use_threads=False,
         )
-        .sort_by("lsn")
     )
+    ended = pc.fill_null(txs["has_end"], False)
+    short = pc.is_in(txs["tx"], value_set=_array(differs["tx"]))
+    complete = pc.and_(ended, pc.invert(pc.fill_null(short, False)))
+    return pa.Table.from_arrays(
+        [txs["tx"], txs["lsn"], txs["seen"], txs["records"], ended, complete, txs["ts"]],
+        schema=TX_SCHEMA,
+    )
+
+
+def cut(txs: pa.Table, watermark: int) -> Cut:
+    """The applied prefix of commit order: complete transactions up to (not including) the
+    first one whose END is here but whose events are not all; one with no END yet does not
+    block (it committed later, or the check below finds that the producer broke the
+    contract). `txs`: `TX_SCHEMA` rows; those at or below the watermark are replays."""
+    txs = _after(txs, watermark).sort_by("lsn")
     lsn = _numpy(txs["lsn"], 0)
     ended = _numpy(txs["has_end"], False)
-    complete = ended & ~_numpy(pc.is_in(txs["tx"], value_set=_array(differs["tx"])), False)
-    # The prefix of commit order up to the first ended-but-incomplete transaction: complete
-    # transactions apply; one with no END yet does not block (it committed later, or the
-    # check below finds that the producer broke the contract).
+    complete = ended & _numpy(txs["complete"], False)
     blocked = ended & ~complete
     first_blocked = int(np.argmax(blocked)) if blocked.any() else len(lsn)
     applied = complete & (np.arange(len(lsn)) < first_blocked)
@@ -298,28 +387,23 @@ def plan(summary: Summary, watermark: int) -> Plan:
             )
         )
     last_ts = txs["ts"].filter(pa.array(applied))[-1].as_py() if applied.any() else None
-    del counts, txs  # a catch-up batch's are tens of MB: not kept through what follows
-    # Filters copy what they keep: only the columns each step reads.
-    waiting = _after(data.select(["tx", "lsn", "seen", "records"]), w_after)
-    waiting_markers = _after(markers, w_after)
-    count, oldest = _pending(waiting, waiting_markers, differs)
-    return Plan(
+    waiting = txs.filter(pa.array(lsn > w_after))
+    return Cut(
         watermark,
         w_after,
         int(applied.sum()),
-        _table_work(data.drop_columns(["tx", "seen"]).filter(pc.less_equal(data["lsn"], w_after))),
-        oldest,
-        int(pc.sum(waiting["records"]).as_py() or 0)
-        + int(pc.sum(waiting_markers["records"]).as_py() or 0),
         last_ts,
-        count,
+        waiting.num_rows,
+        int(pc.sum(waiting["records"]).as_py() or 0),
+        _oldest(waiting),
     )
 
 
-def _table_work(rows: pa.Table) -> tuple[TableWork, ...]:
-    """Per table, what the applied transactions' events ask of its MERGE."""
+def _table_work(rows: pa.Table) -> pa.Table:
+    """Per table, in `WORK_SCHEMA`: what the applied transactions' events (`DATA_SCHEMA`
+    rows) ask of its MERGE."""
     if rows.num_rows == 0:
-        return ()
+        return WORK_SCHEMA.empty_table()
     flags = rows.select(
         ["coll", "topic", "events", "k_null", "kl_min", "kl_max", "ks_min", "ks_max"]
     )
@@ -346,8 +430,8 @@ def _table_work(rows: pa.Table) -> tuple[TableWork, ...]:
     )
     # Truncates and unchanged-TOAST columns: rows that have them, usually few.
     truncate: dict[str, Point] = {}
-    cut = rows.filter(pc.is_valid(rows["t_ord"])).select(["coll", "lsn", "t_ord"])
-    for c, at, order in zip(*(cut[n].to_pylist() for n in cut.column_names), strict=True):
+    cuts = rows.filter(pc.is_valid(rows["t_ord"])).select(["coll", "lsn", "t_ord"])
+    for c, at, order in zip(*(cuts[n].to_pylist() for n in cuts.column_names), strict=True):
         truncate[c] = max(truncate.get(c, (at, order)), (at, order))
     toast: dict[str, set[str]] = {}
     kept = rows.filter(pc.is_valid(rows["toast"]))
@@ -355,62 +439,97 @@ def _table_work(rows: pa.Table) -> tuple[TableWork, ...]:
     colls = pc.take(_array(kept["coll"]), pc.list_parent_indices(lists))
     for c, name in zip(colls.to_pylist(), pc.list_flatten(lists).to_pylist(), strict=True):
         toast.setdefault(c, set()).add(name)
+    names = _array(agg["coll"]).to_pylist()
+    return pa.Table.from_arrays(
+        [agg[f"{n}_{how}"] if how else agg[n] for n, how in _WORK_AGGREGATES]
+        + [
+            pa.array([truncate.get(c, (None, None))[0] for c in names], pa.int64()),
+            pa.array([truncate.get(c, (None, None))[1] for c in names], pa.int64()),
+            pa.array(
+                [sorted(toast[c]) if c in toast else None for c in names],
+                WORK_SCHEMA.field("toast").type,
+            ),
+        ],
+        schema=WORK_SCHEMA,
+    )
+
+
+# WORK_SCHEMA's columns up to the truncate, and the Arrow aggregate each comes from.
+_WORK_AGGREGATES = (
+    ("coll", ""),
+    ("topic", "min"),
+    ("events", "sum"),
+    ("all_t", "all"),
+    ("distinct_c", "all"),
+    ("k_null", "any"),
+    ("long", "all"),
+    ("str", "all"),
+    ("kl_min", "min"),
+    ("kl_max", "max"),
+    ("ks_min", "min"),
+    ("ks_max", "max"),
+)
+
+
+def table_works(rows: pa.Table) -> tuple[TableWork, ...]:
+    """`WORK_SCHEMA` rows as the MERGEs' inputs, by collection."""
     work = []
-    for r in agg.sort_by("coll").to_pylist():
-        c = r["coll"]
+    for r in rows.sort_by("coll").to_pylist():
         low = high = None
-        if not r["k_null_any"] and r["long_all"]:
-            low, high = r["kl_min_min"], r["kl_max_max"]
-        elif not r["k_null_any"] and r["str_all"]:
-            low, high = r["ks_min_min"], r["ks_max_max"]
+        if not r["k_null"] and r["long"]:
+            low, high = r["kl_min"], r["kl_max"]
+        elif not r["k_null"] and r["str"]:
+            low, high = r["ks_min"], r["ks_max"]
         work.append(
             TableWork(
-                collection=c,
-                topic=r["topic_min"],
-                events=r["events_sum"],
-                only_truncates=bool(r["all_t_all"]),
-                truncate=truncate.get(c),
-                toast_columns=frozenset(toast.get(c, ())),
+                collection=r["coll"],
+                topic=r["topic"],
+                events=r["events"],
+                only_truncates=bool(r["all_t"]),
+                truncate=None if r["t_ord"] is None else (r["t_lsn"], r["t_ord"]),
+                toast_columns=frozenset(r["toast"] or ()),
                 key_min=low,
                 key_max=high,
-                only_distinct_inserts=bool(r["distinct_c_all"]),
+                only_distinct_inserts=bool(r["distinct_c"]),
             )
         )
     return tuple(work)
 
 
-def _pending(
-    data: pa.Table, markers: pa.Table, differs: pa.Table
-) -> tuple[int, tuple[TxSummary, ...]]:
-    """How many transactions wait, and the oldest of them (by first seen, then commit order)."""
-    first = (
-        pa.concat_tables(
-            [data.select(["tx", "lsn", "seen"]), markers.select(["tx", "lsn", "seen"])]
+def _oldest(waiting: pa.Table) -> tuple[TxSummary, ...]:
+    """The oldest waiting transactions (by first seen, then commit order), without what the
+    ended ones miss."""
+    if waiting.num_rows == 0:
+        return ()
+    order = [("seen", "ascending"), ("lsn", "ascending"), ("tx", "ascending")]
+    oldest = waiting.take(pc.select_k_unstable(waiting, NAMED_PENDING, sort_keys=order))
+    return tuple(
+        TxSummary(tx, at, True, (), seen)
+        if ended
+        else TxSummary(tx, at, False, ("END marker not seen yet",), seen)
+        for tx, at, ended, seen in zip(
+            *(oldest.sort_by(order)[n].to_pylist() for n in ("tx", "lsn", "has_end", "seen")),
+            strict=True,
         )
-        .group_by("tx", use_threads=False)
-        .aggregate([("lsn", "max"), ("seen", "min")])
     )
-    if first.num_rows == 0:
-        return 0, ()
-    order = [("seen_min", "ascending"), ("lsn_max", "ascending"), ("tx", "ascending")]
-    oldest = pc.select_k_unstable(first, NAMED_PENDING, sort_keys=order)
-    oldest = first.take(oldest).sort_by(order)
-    named = _array(oldest["tx"])
-    ended = markers.filter(pc.is_in(markers["tx"], value_set=named))
-    ended = set(ended.filter(pc.fill_null(ended["has_end"], False))["tx"].to_pylist())
+
+
+def describe(pending: tuple[TxSummary, ...], summary: Summary) -> tuple[TxSummary, ...]:
+    """`pending` with, for each ended transaction, the tables short of events (or with more
+    than its END counts) and their counts, from the summary's rows of those transactions."""
+    names = pa.array([t.tx_id for t in pending if t.has_end], pa.string())
+    if len(names) == 0:
+        return pending
+    data = summary.data.filter(pc.is_in(summary.data["tx"], value_set=names))
+    expected = summary.expected.filter(pc.is_in(summary.expected["tx"], value_set=names))
+    gaps = _differs(data, expected).sort_by("coll")
     short: dict[str, list[str]] = {}
-    gaps = differs.filter(pc.is_in(differs["tx"], value_set=named)).sort_by("coll")
     for tx, c, seen, wanted in zip(
         *(gaps[n].to_pylist() for n in ("tx", "coll", "events", "expected")), strict=True
     ):
         short.setdefault(tx, []).append(f"{c}: {seen or 0} of {wanted or 0} events")
-    return first.num_rows, tuple(
-        TxSummary(tx, at, True, tuple(short.get(tx, ())), seen)
-        if tx in ended
-        else TxSummary(tx, at, False, ("END marker not seen yet",), seen)
-        for tx, at, seen in zip(
-            *(oldest[n].to_pylist() for n in ("tx", "lsn_max", "seen_min")), strict=True
-        )
+    return tuple(
+        replace(t, missing=tuple(short.get(t.tx_id, ()))) if t.has_end else t for t in pending
     )
 
 

@@ -1,9 +1,14 @@
-"""One aggregation per batch: decoded events and markers -> the small per-transaction records
-that `reassembly.plan` plans from, plus the records that failed to decode.
+"""One aggregation per batch: decoded events and markers -> one row per (transaction, table)
+and per transaction's markers, plus the records that failed to decode; and the plan from it.
 
 Everything the batch needs to know before it writes (completeness, truncates, unchanged-TOAST
 columns, key bounds for file pruning, undecodable records) comes out of this single Spark job,
-so a small batch does not pay for a dozen separate aggregations.
+so a small batch does not pay for a dozen separate aggregations. A small batch brings the rows
+to the driver and plans there (`reassembly.plan`). A large one (a catch-up batch holds tens of
+thousands of transactions) keeps them in Spark: Spark decides each transaction's completeness,
+one row per transaction comes back for the cut in commit order (`reassembly.cut`), then one
+row per table for the MERGEs. The driver's memory then follows the transactions, not the
+tables they touch; its rows are a fifth of what the summary was on TPC-B-shaped work.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
 
-from spark_consumer import codegen_stable
+from spark_consumer import codegen_stable, reassembly
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import (
     COMMIT_LSN,
@@ -34,7 +40,16 @@ from spark_consumer.columns import (
     TOTAL_ORDER,
     TX_ID,
 )
-from spark_consumer.reassembly import DATA_SCHEMA, EXPECTED_SCHEMA, MARKER_SCHEMA, Summary
+from spark_consumer.reassembly import (
+    DATA_SCHEMA,
+    EXPECTED_SCHEMA,
+    MARKER_SCHEMA,
+    TX_SCHEMA,
+    WORK_SCHEMA,
+    Plan,
+    Summary,
+    TxSummary,
+)
 
 NOT_DECODED = "Avro body does not decode with its writer schema"
 NO_TRANSACTION = "data event without transaction block or commit_lsn"
@@ -176,6 +191,63 @@ def _aggregates() -> list[Column]:
     ]
 
 
+@dataclass(frozen=True)
+class DriverStats:
+    """A small batch's summary, brought to the driver and planned there."""
+
+    summary: Summary
+    bad: list[BadRecord]
+    frames: tuple[DataFrame, ...] = ()  # none kept in Spark
+
+    def plan(self, watermark: int) -> Plan:
+        return reassembly.plan(self.summary, watermark)
+
+    def describe(self, pending: tuple[TxSummary, ...]) -> tuple[TxSummary, ...]:
+        return pending  # `plan` described them
+
+
+@dataclass(frozen=True)
+class SparkStats:
+    """A large batch's summary, kept in Spark (`groups`, cached: one of `frames`, which the
+    batch drops when it ends), and one row per transaction on the driver (`TX_SCHEMA`)."""
+
+    groups: DataFrame
+    transactions: pa.Table
+    bad: list[BadRecord]
+    message_collection: str
+    now_ms: int
+    cache: ColumnCache
+
+    @property
+    def frames(self) -> tuple[DataFrame, ...]:
+        return (self.groups,)
+
+    def plan(self, watermark: int) -> Plan:
+        cut = reassembly.cut(self.transactions, watermark)
+        if not cut.applied_transactions:
+            return cut.plan((), cut.oldest)
+        applied = (
+            self.groups.filter(
+                self.cache.get("summary-usable-data", _usable_data)
+                & codegen_stable.greater("lsn", watermark)
+                & codegen_stable.at_most("lsn", cut.watermark_after)
+            )
+            .groupBy("coll")
+            .agg(*self.cache.get("summary-work", _work_aggregates))
+            .toArrow()
+        )
+        return cut.plan(reassembly.table_works(_typed(applied, WORK_SCHEMA)), cut.oldest)
+
+    def describe(self, pending: tuple[TxSummary, ...]) -> tuple[TxSummary, ...]:
+        """What the ended ones among `pending` miss (for error messages: one more job)."""
+        names = [t.tx_id for t in pending if t.has_end]
+        if not names:
+            return pending
+        rows = self.groups.filter(F.col("tx").isin(names)).toArrow()
+        summary, _bad = summarize(rows, self.message_collection, self.now_ms)
+        return reassembly.describe(pending, summary)
+
+
 def collect(
     tables: Sequence[tuple[DataFrame, str | None]],
     markers: DataFrame,
@@ -183,23 +255,140 @@ def collect(
     message_collection: str,
     now_ms: int,
     cache: ColumnCache,
-) -> tuple[Summary, list[BadRecord]]:
+    *,
+    in_spark: bool = False,
+) -> DriverStats | SparkStats:
     """Run the batch's one aggregation. `tables`: (decoded events, first key column or None).
     Records read by this batch have no first-seen time yet (batch.py): they were seen `now_ms`.
-    `cache`: the processor's, for the expressions every batch builds alike."""
+    `cache`: the processor's, for the expressions every batch builds alike. `in_spark`: plan
+    the batch in Spark (a large batch), else on the driver."""
     parts = [_data_rows(df, key, watermark, cache) for df, key in tables] + [
         _marker_rows(markers, watermark, cache)
     ]
-    rows = reduce(DataFrame.unionByName, parts)
-    agg = (
-        rows.groupBy(*cache.get("summary-groups", _group_columns))
+    groups = (
+        reduce(DataFrame.unionByName, parts)
+        .groupBy(*cache.get("summary-groups", _group_columns))
         .agg(*cache.get("summary-aggregates", _aggregates))
-        # As Arrow, and planned as Arrow (reassembly.plan): a catch-up batch brings back
-        # ~180k of these rows; as pickled Rows, then as Python objects, they cost the driver
-        # seconds and hundreds of MB per batch.
+    )
+    return stats_of(groups, message_collection, now_ms, cache, in_spark=in_spark)
+
+
+def stats_of(
+    groups: DataFrame,
+    message_collection: str,
+    now_ms: int,
+    cache: ColumnCache,
+    *,
+    in_spark: bool = False,
+) -> DriverStats | SparkStats:
+    """The batch's summary from its aggregation (`_group_columns` + `_aggregates`, not run
+    yet), planned on the driver or in Spark."""
+    if not in_spark:
+        # As Arrow, and planned as Arrow: as pickled Rows, then as Python objects, a
+        # catch-up batch's rows cost the driver seconds and hundreds of MB.
+        summary, bad = summarize(groups.toArrow(), message_collection, now_ms)
+        return DriverStats(summary, bad)
+    groups = groups.persist(_CACHE)
+    per_tx = cache.get(("summary-per-tx", message_collection), lambda: _per_tx(message_collection))
+    rows = (
+        groups.filter(F.col("bad").isNull())
+        .groupBy("tx")
+        .agg(*per_tx[0])
+        .select(*per_tx[1])
+        .unionByName(
+            groups.filter(F.col("bad").isNotNull()).select(*_BAD), allowMissingColumns=True
+        )
         .toArrow()
     )
-    return summarize(agg, message_collection, now_ms)
+    txs = rows.filter(pc.is_null(rows["bad"]))
+    txs = _filled(txs.select(TX_SCHEMA.names), "seen", now_ms)
+    return SparkStats(groups, _typed(txs, TX_SCHEMA), _bad(rows), message_collection, now_ms, cache)
+
+
+# As batch.py's caches: Spark's columnar batches kept as JVM objects, spilling to disk.
+_CACHE = StorageLevel.MEMORY_AND_DISK_DESER
+# Where an unusable group's error message points (see `_aggregates`).
+_BAD = ["bad", "topic", "first_part", "first_off", "records"]
+
+
+def _usable_data() -> Column:
+    return F.col("bad").isNull() & (F.col("kind") == "d")
+
+
+def _per_tx(message_collection: str) -> tuple[list[Column], list[Column]]:
+    """The aggregates per transaction over its usable groups, and the `TX_SCHEMA` columns
+    from them. Complete: an END, and its table collections' counts (the messages' left out)
+    equal, as sorted (table, count) lists without zeros, the tables' counts of distinct events
+    (`reassembly._differs` on the driver: a table absent from one side counts 0)."""
+    data = F.col("kind") == "d"
+    counted = F.when(
+        data & (F.col("events") != 0),
+        F.struct(F.col("coll").alias("c"), F.col("events").cast("long").alias("n")),
+    )
+    aggregates = [
+        F.max("lsn").alias("lsn"),
+        F.min("seen").alias("seen"),
+        F.sum("records").alias("records"),
+        F.max("has_end").alias("has_end"),
+        F.max("ts").alias("ts"),
+        F.max("dcs").alias("dcs"),  # only an END's group has them
+        F.array_sort(F.collect_list(counted)).alias("counted"),
+    ]
+    named = F.transform(
+        F.coalesce(
+            F.col("dcs"), F.array().cast("array<struct<data_collection:string,event_count:long>>")
+        ),
+        lambda x: F.struct(x["data_collection"].alias("c"), x["event_count"].alias("n")),
+    )
+    expected = F.array_sort(
+        F.filter(named, lambda x: (x["c"] != F.lit(message_collection)) & (x["n"] != 0))
+    )
+    ended = F.coalesce(F.col("has_end"), F.lit(False))
+    columns = [
+        F.col("tx"),
+        F.col("lsn"),
+        F.col("seen"),
+        F.col("records"),
+        ended.alias("has_end"),
+        (ended & (F.col("counted") == expected)).alias("complete"),
+        F.col("ts"),
+    ]
+    return aggregates, columns
+
+
+def _work_aggregates() -> list[Column]:
+    """Per table, in `WORK_SCHEMA`, from the applied transactions' groups (the driver's
+    `reassembly._table_work` computes the same from `DATA_SCHEMA` rows)."""
+    only_inserts = F.coalesce(~F.col("not_insert"), F.lit(False))
+    truncate = F.max(F.when(F.col("t_ord").isNotNull(), F.struct("lsn", "t_ord")))
+    toast = F.array_distinct(F.flatten(F.collect_list("toast")))
+    return [
+        F.min("topic").alias("topic"),
+        F.sum("events").alias("events"),
+        F.min(F.col("truncates") == F.col("records")).alias("all_t"),
+        F.min(only_inserts & (F.col("events") == F.col("records"))).alias("distinct_c"),
+        F.max("k_null").alias("k_null"),
+        F.min(F.col("kl_min").isNotNull()).alias("long"),
+        F.min(F.col("ks_min").isNotNull()).alias("str"),
+        F.min("kl_min").alias("kl_min"),
+        F.max("kl_max").alias("kl_max"),
+        F.min("ks_min").alias("ks_min"),
+        F.max("ks_max").alias("ks_max"),
+        truncate["lsn"].alias("t_lsn"),
+        truncate["t_ord"].alias("t_ord"),
+        F.when(F.size(toast) > 0, toast).alias("toast"),
+    ]
+
+
+def _bad(agg: pa.Table) -> list[BadRecord]:
+    """The unusable groups (`_BAD` columns), first record first."""
+    return sorted(
+        (
+            BadRecord(r["topic"], r["first_part"], r["first_off"], r["bad"], r["records"])
+            for r in agg.filter(pc.is_valid(agg["bad"])).select(_BAD).to_pylist()
+        ),
+        key=lambda b: (b.topic, b.partition, b.offset),
+    )
 
 
 def _rows(agg: pa.Table, kind: str, columns: list[str]) -> pa.Table:
@@ -225,13 +414,7 @@ def summarize(
 ) -> tuple[Summary, list[BadRecord]]:
     """The aggregation's rows (`_group_columns` + `_aggregates`) in the planner's layout, and
     the groups that cannot be used. Pure: no Spark."""
-    bad = sorted(
-        (
-            BadRecord(r["topic"], r["first_part"], r["first_off"], r["bad"], r["records"])
-            for r in agg.filter(pc.is_valid(agg["bad"])).to_pylist()
-        ),
-        key=lambda b: (b.topic, b.partition, b.offset),
-    )
+    bad = _bad(agg)
     d = _rows(agg, "d", [n for n in DATA_SCHEMA.names if n != "only_inserts"] + ["not_insert"])
     d = _filled(d, "seen", now_ms)
     d = d.append_column("only_inserts", pc.invert(pc.fill_null(d["not_insert"], True)))

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from spark_consumer import transaction_stats
+from spark_consumer import batch, transaction_stats
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, Decoder
 from spark_consumer.errors import ConfigError
@@ -116,7 +116,12 @@ def harness(
     yield Harness(spark, kafka_bootstrap, registry_url, tmp_path)
 
 
-def test_whole_transactions_in_commit_order(harness: Harness) -> None:
+@pytest.mark.parametrize("in_spark", [False, True], ids=["planned-on-driver", "planned-in-spark"])
+def test_whole_transactions_in_commit_order(
+    harness: Harness, in_spark: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches this small are planned on the driver; a catch-up batch in Spark.
+    monkeypatch.setattr(batch, "_SPARK_PLANNING_RECORDS", -1 if in_spark else 10**9)
     acc, w = accounts(), harness.writer
     t1 = (
         w.transaction(501, 1000)
