@@ -71,8 +71,8 @@ RECORD_ID_COLUMNS = ["topic", "partition", "offset"]
 # 1M-insert batch took 17.6 s (27 s of JVM CPU) with it and 14.5 s (22 s) with this one.
 _CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 # Up to this many waiting records, the pending save sends their coordinates (topic, partition,
-# offset: ~40 bytes each, ~10 MB at most) to every task instead of shuffling the batch. The
-# default batch cap's worth, fixed here so that raising the cap cannot grow the broadcast.
+# offset: ~40 bytes each, ~10 MB at most) to every task instead of shuffling the batch. Fixed
+# here, apart from the batch cap, so that raising the cap cannot grow the broadcast.
 _BROADCAST_PENDING = 250_000
 # A batch of more records than this is planned in Spark, a smaller one on the driver
 # (transaction_stats.py): Spark's way costs a shuffle and a small job more, the driver's brings
