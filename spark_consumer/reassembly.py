@@ -11,9 +11,12 @@ in commit order, so when a batch holds T's END it also holds (or held) the END o
 transaction committed before T. Data events without an END belong to transactions committed
 after every END seen, unless the producer broke the contract (reported as an error).
 
-The Spark side (`spark_consumer.transaction_stats`) aggregates a batch into a small summary:
-one row per (transaction, table), one per transaction's markers and one per table its END
-names (`Summary`); `plan` decides from it, column by column.
+The Spark side (`spark_consumer.transaction_stats`) aggregates a batch into a summary: one row
+per (transaction, table), one per transaction's markers and one per table its END names
+(`Summary`). For a small batch `plan` decides from it, column by column. A large batch has
+Spark reduce it to one row per transaction (`TX_SCHEMA`), from which `cut` finds the applied
+prefix, and to one row per table of the applied ones (`WORK_SCHEMA`, `table_works`); `plan`
+goes through the same `cut` and `table_works`.
 """
 
 from __future__ import annotations
@@ -122,9 +125,10 @@ class Plan:
 
 
 # The planner's input: the batch's summary as Arrow tables, as Spark hands it back
-# (transaction_stats.collect). Planning is columnar: a catch-up batch holds ~36k transactions
-# over several tables, and a Python object per (transaction, table) cost the driver ~1.8 s and
-# ~100 MB per batch; only the transactions that wait become Python objects here.
+# (transaction_stats.collect). Planning is columnar: a catch-up batch holds tens of thousands
+# of transactions over several tables, and a Python object per (transaction, table) cost the
+# driver ~1.8 s and ~100 MB per 36k transactions; only the oldest waiting transactions become
+# Python objects here.
 
 #: One row per (transaction, table): the table's data events of that transaction.
 DATA_SCHEMA = pa.schema(
