@@ -9,7 +9,7 @@ key, see merge.inserts_only_applies) -> pending state (only when something waits
 row.
 
 The fixed cost of a batch is kept to these few Spark jobs plus the MERGEs: everything the
-driver needs to decide comes back from jobs 1 and 2 as small rows. Every step is idempotent
+driver needs to decide comes back from jobs 1 and 2 (and 3) as small rows. Every step is idempotent
 per batch id, so a re-run after a crash converges.
 """
 
@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -39,6 +38,7 @@ from spark_consumer import (
     quarantine,
     transaction_stats,
 )
+from spark_consumer.cache_level import CACHE
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import (
     COMMIT_LSN,
@@ -58,18 +58,13 @@ from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
 from spark_consumer.framing import schema_id_col
 from spark_consumer.metrics import ConsumerMetrics
-from spark_consumer.reassembly import Plan, TableWork, check_age
+from spark_consumer.reassembly import Plan, TableWork, check_age, stale
 from spark_consumer.writer_schemas import SchemaNotFound, WriterSchemas
 
 log = logging.getLogger("walbridge.consumer")
 
 RECORD_ID_COLUMNS = ["topic", "partition", "offset"]
 
-# The batch's caches (raw rows, decoded tables, markers) keep Spark's columnar batches as JVM
-# objects, spilling to disk under memory pressure. PySpark's MEMORY_AND_DISK is the
-# *serialized* level: every later scan of the cache deserializes it again. On a warm JVM, a
-# 1M-insert batch took 17.6 s (27 s of JVM CPU) with it and 14.5 s (22 s) with this one.
-_CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 # Up to this many waiting records, the pending save sends their coordinates (topic, partition,
 # offset: ~40 bytes each, ~10 MB at most) to every task instead of shuffling the batch. Fixed
 # here, apart from the batch cap, so that raising the cap cannot grow the broadcast.
@@ -207,7 +202,7 @@ class BatchProcessor:
             )
             return BatchReport(batch_id, skipped=True, commit_lsn=before.commit_lsn)
         now_ms = self.clock_ms()
-        framed = self._framed(batch, before).persist(_CACHE)
+        framed = self._framed(batch, before).persist(CACHE)
         persisted: list[DataFrame] = [framed]
         try:
             after, report = self._process(framed, persisted, batch_id, before, now_ms)
@@ -363,7 +358,7 @@ class BatchProcessor:
         if not first:
             return 0
         if self.config.quarantine_path:
-            rows = rows.persist(_CACHE)
+            rows = rows.persist(CACHE)
             try:
                 n = rows.count()
                 quarantine.write(rows, self.config.quarantine_path, batch_id, app_id)
@@ -428,7 +423,7 @@ class BatchProcessor:
             frames.append(self._decode(raw, info.topic, vid).select(*select))
             columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
         df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
-        return _Table(info, df.persist(_CACHE), tuple(columns), key, unique, pg_names)
+        return _Table(info, df.persist(CACHE), tuple(columns), key, unique, pg_names)
 
     def _decode_markers(
         self, raw: DataFrame, marker_ids: list[int], persisted: list[DataFrame]
@@ -442,7 +437,7 @@ class BatchProcessor:
             # An empty RDD has no partitions: no task, no Python worker.
             else self.spark.createDataFrame(self.spark.sparkContext.emptyRDD(), _MARKER_SCHEMA)
         )
-        df = df.persist(_CACHE)
+        df = df.persist(CACHE)
         persisted.append(df)
         return df
 
@@ -468,12 +463,20 @@ class BatchProcessor:
         raw = framed
         if framing.rereads and before.pending_version is not None:
             # Kafka was read again from further back than the last batch got to (Spark's
-            # checkpoint was replaced, say): a record may be here twice, once waiting.
+            # checkpoint was replaced by an older copy, say): a record may be here twice. The
+            # waiting copy is kept: it knows when the record was first seen, and an append of
+            # the pending state adds only records read now.
             log.warning(
-                "batch %d re-reads Kafka records an earlier batch read; removing duplicates",
+                "batch %d re-reads Kafka records an earlier batch read (or a topic was "
+                "re-created); keeping the waiting copy of each",
                 batch_id,
             )
-            raw = framed.dropDuplicates(RECORD_ID_COLUMNS)
+            waiting = framed.filter(F.col(FIRST_SEEN).isNotNull())
+            read_now = framed.filter(F.col(FIRST_SEEN).isNull()).join(
+                waiting.select(*RECORD_ID_COLUMNS), RECORD_ID_COLUMNS, "left_anti"
+            )
+            raw = waiting.unionByName(read_now).persist(CACHE)
+            persisted.append(raw)
         step("framing")
         quarantined = 0
         if framing.reject is not None:
@@ -501,10 +504,10 @@ class BatchProcessor:
             step("reject")
 
         plan = stats.plan(before.commit_lsn)
-        too_old = any(
-            (now_ms - t.first_seen_ms) / 1000 > cfg.max_pending_age_s for t in plan.pending
-        )
-        if too_old or plan.pending_records > cfg.max_pending_records:
+        if (
+            stale(plan.pending, now_ms, cfg.max_pending_age_s)
+            or plan.pending_records > cfg.max_pending_records
+        ):
             plan = replace(plan, pending=stats.describe(plan.pending))  # for the messages
         check_age(plan.pending, now_ms, cfg.max_pending_age_s)
         if plan.pending_records > cfg.max_pending_records:
@@ -515,9 +518,9 @@ class BatchProcessor:
                 + (f"tx {oldest.tx_id} ({', '.join(oldest.missing)})" if oldest else "-")
             )
 
+        step("plan")
         # Tables whose snapshot the producer has not finished: an update of a row their
         # snapshot has not delivered yet is expected there (the snapshot row follows).
-        step("plan")
         snapshotting = self._snapshotting(raw, framing, before)
         step("snapshot state")
 
@@ -695,7 +698,7 @@ class BatchProcessor:
         When the batch applied nothing, every record that waited still waits: only this
         batch's records are appended. So a source transaction larger than a batch (5M rows
         read over many capped batches) writes each record once, not once per batch."""
-        if not plan.pending:
+        if not plan.pending_transactions:
             return None
         # Append only onto the very version this batch read: after a crash that wrote a newer
         # one, overwrite (the replay rebuilds the state from the version read).

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from delta.tables import DeltaTable
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window
 
 from spark_consumer import file_stats, lake_state
+from spark_consumer.cache_level import CACHE
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
@@ -61,8 +61,6 @@ _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Working columns; not Avro names, so no source column can have them.
 _NEXT = "#next"
 _FIRST_OP = "#first_op"
-# As batch.py's caches: Spark's columnar batches kept as JVM objects, spilling to disk.
-_CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 
 
 @dataclass(frozen=True)
@@ -559,7 +557,7 @@ def apply_keyed(spark: SparkSession, tc: TableChanges) -> Target:
     collapsed = collapse(
         changes, tc.key, tc.columns, toast_cols, first_op=may_append, cache=tc.cache
     )
-    collapsed = collapsed.persist(_CACHE)
+    collapsed = collapsed.persist(CACHE)
     try:
         if may_append and not collapsed.filter(F.col(_FIRST_OP) != "c").limit(1).collect():
             _append(target, tc, collapsed.filter(F.col(OP) != "d"), target_cols)

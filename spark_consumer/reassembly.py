@@ -296,7 +296,8 @@ class Cut:
     pending_transactions: int
     pending_records: int
     # The oldest waiting transactions (NAMED_PENDING at most); what the ended ones miss is
-    # not filled in yet (`describe`).
+    # not filled in yet: () until `describe` (which the driver's `plan` runs, and a batch
+    # planned in Spark only for an error message).
     oldest: tuple[TxSummary, ...]
 
     def plan(self, tables: tuple[TableWork, ...], pending: tuple[TxSummary, ...]) -> Plan:
@@ -537,15 +538,20 @@ def describe(pending: tuple[TxSummary, ...], summary: Summary) -> tuple[TxSummar
     )
 
 
+def stale(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> list[TxSummary]:
+    """The transactions among `oldest` incomplete for longer than the limit."""
+    return [t for t in oldest if (now_ms - t.first_seen_ms) / 1000 > max_age_s]
+
+
 def check_age(oldest: Iterable[TxSummary], now_ms: int, max_age_s: float) -> None:
     """An incomplete transaction older than the limit stops the job, naming it."""
-    stale = [t for t in oldest if (now_ms - t.first_seen_ms) / 1000 > max_age_s]
-    if stale:
+    old = stale(oldest, now_ms, max_age_s)
+    if old:
         raise TransactionError(
             f"transaction(s) incomplete for more than {max_age_s:.0f}s: "
             + "; ".join(
                 f"tx {t.tx_id} (commit_lsn {t.commit_lsn}, first seen "
                 f"{(now_ms - t.first_seen_ms) / 1000:.0f}s ago): {', '.join(t.missing)}"
-                for t in stale[:5]
+                for t in old[:5]
             )
         )

@@ -3,7 +3,8 @@ and per transaction's markers, plus the records that failed to decode; and the p
 
 Everything the batch needs to know before it writes (completeness, truncates, unchanged-TOAST
 columns, key bounds for file pruning, undecodable records) comes out of this single Spark job,
-so a small batch does not pay for a dozen separate aggregations. A small batch brings the rows
+so a small batch does not pay for a dozen separate aggregations (a large one adds one small
+job for its tables' work, see below). A small batch brings the rows
 to the driver and plans there (`reassembly.plan`). A large one (a catch-up batch holds tens of
 thousands of transactions) keeps them in Spark: Spark decides each transaction's completeness,
 one row per transaction comes back for the cut in commit order (`reassembly.cut`), then one
@@ -19,12 +20,12 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, ShortType, StringType
 
 from spark_consumer import codegen_stable, reassembly
+from spark_consumer.cache_level import CACHE
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import (
     COMMIT_LSN,
@@ -288,25 +289,27 @@ def stats_of(
         # catch-up batch's rows cost the driver seconds and hundreds of MB.
         summary, bad = summarize(groups.toArrow(), message_collection, now_ms)
         return DriverStats(summary, bad)
-    groups = groups.persist(_CACHE)
+    groups = groups.persist(CACHE)
     per_tx = cache.get(("summary-per-tx", message_collection), lambda: _per_tx(message_collection))
-    rows = (
-        groups.filter(F.col("bad").isNull())
-        .groupBy("tx")
-        .agg(*per_tx[0])
-        .select(*per_tx[1])
-        .unionByName(
-            groups.filter(F.col("bad").isNotNull()).select(*_BAD), allowMissingColumns=True
+    try:
+        rows = (
+            groups.filter(F.col("bad").isNull())
+            .groupBy("tx")
+            .agg(*per_tx[0])
+            .select(*per_tx[1])
+            .unionByName(
+                groups.filter(F.col("bad").isNotNull()).select(*_BAD), allowMissingColumns=True
+            )
+            .toArrow()
         )
-        .toArrow()
-    )
+    except BaseException:
+        groups.unpersist()  # the batch drops the frames it is handed; this one it never got
+        raise
     txs = rows.filter(pc.is_null(rows["bad"]))
     txs = _filled(txs.select(TX_SCHEMA.names), "seen", now_ms)
     return SparkStats(groups, _typed(txs, TX_SCHEMA), _bad(rows), message_collection, now_ms, cache)
 
 
-# As batch.py's caches: Spark's columnar batches kept as JVM objects, spilling to disk.
-_CACHE = StorageLevel.MEMORY_AND_DISK_DESER
 # Where an unusable group's error message points (see `_aggregates`).
 _BAD = ["bad", "topic", "first_part", "first_off", "records"]
 

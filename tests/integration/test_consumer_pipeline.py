@@ -5,6 +5,7 @@ to Delta. One Spark session for the module; scenarios share a topic prefix per t
 from __future__ import annotations
 
 import re
+import shutil
 import struct
 import uuid
 from collections.abc import Iterator
@@ -243,6 +244,23 @@ def test_poison_record_quarantined(
     assert [(r["topic"], r["value"], r["reason"]) for r in q] == [
         (AUDIT.topic(h.prefix), b"\x00\x00\x0f\xff\xffjunk", "unknown value schema id 1048575")
     ]
+
+
+def test_a_new_checkpoint_for_a_lake_with_progress_is_refused(harness: Harness) -> None:
+    """Spark would number batches from 0 again, and the consumer skips the batch numbers its
+    progress table has: the new records of those batches would never reach the lake."""
+    acc, w = accounts(), harness.writer
+    t1 = w.transaction(601, 1000).insert(acc, {"id": 1, "balance": Decimal("1.00"), "doc": "a"})
+    harness.send(t1.records())
+    harness.run()
+    assert harness.progress()[-1]["commit_lsn"] == 1000
+    shutil.rmtree(harness.config.checkpoint_path)
+    t2 = w.transaction(602, 2000).insert(acc, {"id": 2, "balance": Decimal("2.00"), "doc": "b"})
+    harness.send(t2.records())
+    with pytest.raises(ConfigError, match="has no Kafka offsets") as refused:
+        harness.run()
+    assert harness.config.checkpoint_path in str(refused.value)
+    assert [r["id"] for r in harness.rows("public", "accounts")] == [1]  # nothing half-applied
 
 
 def test_transaction_topic_with_several_partitions_is_refused(

@@ -38,7 +38,8 @@ def test_records_read_twice_wait_once_and_apply_once(spark: SparkSession, tmp_pa
         trigger=None,
         available_now=True,
     )
-    processor = BatchProcessor(spark, cfg, WriterSchemas(client))
+    now = [1_000_000]
+    processor = BatchProcessor(spark, cfg, WriterSchemas(client), clock_ms=lambda: now[0])
     w, log = EventWriter(client, "rr"), KafkaLog()
     t1 = w.transaction(1, 100).insert(ACC, {"id": 1, "balance": "1"})
     t2 = (
@@ -53,9 +54,13 @@ def test_records_read_twice_wait_once_and_apply_once(spark: SparkSession, tmp_pa
     report = processor.process(spark.createDataFrame(first, KAFKA_SCHEMA), 0)
     assert (report.commit_lsn, report.pending_transactions, report.pending_records) == (100, 1, 4)
 
-    # Batch 1 reads the same records again, with their offsets: t2 still waits, once.
+    # Batch 1, 4 s later, reads the same records again, with their offsets: t2 still waits,
+    # once, and as first seen by batch 0.
+    now[0] += 4_000
     report = processor.process(spark.createDataFrame(first, KAFKA_SCHEMA), 1)
     assert (report.commit_lsn, report.pending_transactions, report.pending_records) == (100, 1, 4)
+    assert report.pending_oldest_age_s == 4.0
+    assert spark.read.format("delta").load(cfg.pending_path).count() == 4
 
     # Batch 2: the third event; t2 applies with its three rows.
     report = processor.process(log.frame(spark, events[2:]), 2)
