@@ -419,19 +419,7 @@ def _table_work(rows: pa.Table) -> pa.Table:
     flags = flags.append_column("long", pc.is_valid(rows["kl_min"]))
     flags = flags.append_column("str", pc.is_valid(rows["ks_min"]))
     agg = flags.group_by("coll", use_threads=False).aggregate(
-        [
-            ("topic", "min"),
-            ("events", "sum"),
-            ("all_t", "all"),
-            ("distinct_c", "all"),
-            ("k_null", "any"),
-            ("long", "all"),
-            ("str", "all"),
-            ("kl_min", "min"),
-            ("kl_max", "max"),
-            ("ks_min", "min"),
-            ("ks_max", "max"),
-        ]
+        [(n, how) for n, how in _WORK_AGGREGATES if how]
     )
     # Truncates and unchanged-TOAST columns: rows that have them, usually few.
     truncate: dict[str, Point] = {}
