@@ -195,6 +195,7 @@ class BatchProcessor:
         before = self._last or progress.latest(self.spark, cfg.progress_path)
         self._last = before
         if before.batch_id >= batch_id:
+            self._check_replay(batch, batch_id, before)
             log.info(
                 "batch %d already applied (progress has batch %d); skipping",
                 batch_id,
@@ -230,6 +231,31 @@ class BatchProcessor:
             report.seconds,
         )
         return report
+
+    def _check_replay(self, batch: DataFrame, batch_id: int, before: progress.Progress) -> None:
+        """A batch the progress table has is skipped as a replay (Spark re-runs the batch a
+        crash interrupted, with the offsets it logged). That is right only if the lake has read
+        every record in it. A checkpoint restored from an older copy numbers its next batches
+        as the lake's last ones but plans them anew: records past what the lake read would be
+        skipped for good. One small job, on replays only (a restart after a crash)."""
+        rows = batch.groupBy("topic", "partition").agg(F.max("offset").alias("last")).collect()
+        beyond = progress.unread(
+            before.kafka_offsets, [(r["topic"], r["partition"], r["last"]) for r in rows]
+        )
+        if not beyond:
+            return
+        topic, partition, last, next_read = beyond[0]
+        had = f"up to offset {next_read - 1}" if next_read else "nothing from it"
+        raise ConfigError(
+            f"batch {batch_id} is one the lake at {self.config.lake_path} applied (its progress "
+            f"reached batch {before.batch_id}, commit_lsn {before.commit_lsn}), but Spark's "
+            f"checkpoint now gives it records the lake never read: {topic}[{partition}] up to "
+            f"offset {last}, where the lake had read {had}"
+            + (f" (and {len(beyond) - 1} more partition(s))" if len(beyond) > 1 else "")
+            + f". The checkpoint at {self.config.checkpoint_path} is older than the lake "
+            "(restored from a copy?): skipping the batch would lose those records. Restore "
+            "the checkpoint that goes with this lake, or use a new lake path."
+        )
 
     # -- steps ----------------------------------------------------------------------------
 

@@ -96,6 +96,20 @@ def merge_offsets(
     return out
 
 
+def unread(
+    read: dict[str, dict[str, int]], batch: list[tuple[str, int, int]]
+) -> list[tuple[str, int, int, int]]:
+    """The partitions where a batch's (topic, partition, max offset) reaches past what the
+    lake has read (`read`: next offset per topic and partition, as `merge_offsets` keeps it):
+    (topic, partition, max offset, next offset read), first topic and partition first."""
+    out = []
+    for topic, partition, max_offset in sorted(batch):
+        next_read = read.get(topic, {}).get(str(partition), 0)
+        if max_offset >= next_read:
+            out.append((topic, partition, max_offset, next_read))
+    return out
+
+
 def append(
     spark: SparkSession,
     path: str,

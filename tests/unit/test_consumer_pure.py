@@ -140,6 +140,15 @@ def test_merge_offsets_keeps_the_next_offset() -> None:
     assert progress.merge_offsets(out, [("a", 0, 2)])["a"]["0"] == 10
 
 
+def test_unread_names_partitions_past_what_the_lake_read() -> None:
+    read = {"a": {"0": 10, "1": 4}}
+    assert progress.unread(read, [("a", 0, 9), ("a", 1, 3)]) == []  # a replay: all read
+    assert progress.unread(read, [("b", 0, 0), ("a", 1, 4), ("a", 0, 2)]) == [
+        ("a", 1, 4, 4),  # the next offset itself was never read
+        ("b", 0, 0, 0),  # a partition the lake never read from
+    ]
+
+
 def test_verify_diff() -> None:
     pg = {(1,): {"id": "1", "v": "1.50"}, (2,): {"id": "2", "v": None}}
     lake = {(1,): {"id": "1", "v": "1.50"}, (3,): {"id": "3", "v": None}}
