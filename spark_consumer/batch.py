@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
@@ -555,25 +556,27 @@ class BatchProcessor:
         # small machine threads cut a multi-table batch to about its slowest table.
         versions = dict(before.table_versions)
         changes_by_table: dict[str, int] = {}
-        with ThreadPoolExecutor(
-            max_workers=max(1, min(cfg.merge_threads, len(plan.tables)))
-        ) as pool:
-            futures = {
-                w.collection: pool.submit(
-                    self._apply,
-                    tables[w.topic],
-                    w,
-                    plan,
-                    before.table_versions.get(w.collection),
-                    w.collection in snapshotting,
-                )
-                for w in plan.tables
-            }
-            for work in plan.tables:
-                version = futures[work.collection].result()
-                if version is not None:
-                    versions[work.collection] = version
-                    changes_by_table[work.collection] = work.events
+        for works, rewrite in self._merge_groups(plan.tables, tables):
+            with (
+                merge.rewriting(self.spark) if rewrite else nullcontext(),
+                ThreadPoolExecutor(max_workers=max(1, min(cfg.merge_threads, len(works)))) as pool,
+            ):
+                futures = {
+                    w.collection: pool.submit(
+                        self._apply,
+                        tables[w.topic],
+                        w,
+                        plan,
+                        before.table_versions.get(w.collection),
+                        w.collection in snapshotting,
+                    )
+                    for w in works
+                }
+                for work in works:
+                    version = futures[work.collection].result()
+                    if version is not None:
+                        versions[work.collection] = version
+                        changes_by_table[work.collection] = work.events
         step("merge")
 
         pending_version = self._save_pending(
@@ -624,6 +627,31 @@ class BatchProcessor:
             quarantined=quarantined,
             steps=steps,
         )
+
+    def _merge_groups(
+        self, works: tuple[TableWork, ...], tables: dict[str, _Table]
+    ) -> list[tuple[tuple[TableWork, ...], bool]]:
+        """The tables' MERGEs in the order they run, as (tables, rewrite): first those that
+        write deletion vectors (or whose table has none), then the small tables that have them
+        but rewrite the files they touch (`merge.rewriting`: a session setting, so the two
+        kinds cannot run side by side)."""
+        below = self.config.lake_rewrite_below_bytes
+        if not (below and self.config.lake_deletion_vectors and works):
+            return [(works, False)]
+        paths = [
+            self.config.table_path(tables[w.topic].info.schema, tables[w.topic].info.table)
+            for w in works
+        ]
+        # The first batch reads each table's log here (on threads, as the MERGEs would).
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(self.config.merge_threads, len(works)))
+        ) as pool:
+            small = [merge.rewrites(lake, below) for lake in pool.map(self._lake_table, paths)]
+        groups = (
+            (tuple(w for w, s in zip(works, small, strict=True) if not s), False),
+            (tuple(w for w, s in zip(works, small, strict=True) if s), True),
+        )
+        return [(group, rewrite) for group, rewrite in groups if group]
 
     def _apply(
         self,

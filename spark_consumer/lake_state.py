@@ -25,6 +25,8 @@ from pyspark.sql.types import DataType, StructType
 
 from spark_consumer.delta_version import updated_log
 
+DELETION_VECTORS = "delta.enableDeletionVectors"  # the table property
+
 NO_TABLE = -1  # Delta's version of a path without a table
 
 
@@ -35,6 +37,12 @@ class LakeTable:
     schema: StructType = field(default_factory=StructType)
     properties: Mapping[str, str] = field(default_factory=dict)
     files: int = 0  # data files in the version (0: the table holds no row)
+    size: int = 0  # bytes of those files
+
+    @property
+    def deletion_vectors(self) -> bool:
+        """Whether a MERGE may write deletion vectors to the table."""
+        return self.properties.get(DELETION_VECTORS, "false").strip().lower() == "true"
 
     @property
     def exists(self) -> bool:
@@ -63,14 +71,14 @@ def read(spark: SparkSession, path: str) -> LakeTable:
         version,
         StructType.fromJson(json.loads(metadata["schemaString"])),
         {str(k): str(v) for k, v in (metadata.get("configuration") or {}).items()},
-        _file_count(snapshot),
+        *_files(snapshot),
     )
 
 
-def _file_count(snapshot: Any) -> int:  # a Py4J handle on Delta's Snapshot
-    """The version's data files: from its checksum file (written with every commit by Delta's
-    default `writeChecksumFile.enabled`), else by rebuilding the file list."""
+def _files(snapshot: Any) -> tuple[int, int]:  # a Py4J handle on Delta's Snapshot
+    """The version's data files and their bytes: from its checksum file (written with every
+    commit by Delta's default `writeChecksumFile.enabled`), else by rebuilding the file list."""
     checksum = snapshot.checksumOpt()
     if checksum.isDefined():
-        return int(checksum.get().numFiles())
-    return int(snapshot.numOfFiles())
+        return int(checksum.get().numFiles()), int(checksum.get().tableSizeBytes())
+    return int(snapshot.numOfFiles()), int(snapshot.sizeInBytes())

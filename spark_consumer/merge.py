@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -51,10 +52,11 @@ from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
 from spark_consumer.key_change_toast import resolve_moved_toast
-from spark_consumer.lake_state import LakeTable
+from spark_consumer.lake_state import DELETION_VECTORS, LakeTable
 
+# Delta's session setting: whether a MERGE writes deletion vectors to a table that has them.
+_MERGE_WRITES_DV = "spark.databricks.delta.merge.deletionVectors.persistent"
 KEY_PROPERTY = "walbridge.key"  # table property: comma-separated key columns ('' = append-only)
-DELETION_VECTORS = "delta.enableDeletionVectors"
 # The producer's Avro field names (sanitized PostgreSQL names) and this module's derived names
 # all match this, so they can stand inside the backticks of the SQL snippets MERGE needs.
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -233,7 +235,7 @@ def check_deletion_vectors(table: str, lake: LakeTable, wanted: bool) -> None:
     """
     if not lake.exists:
         return
-    has = lake.properties.get(DELETION_VECTORS, "false").strip().lower() == "true"
+    has = lake.deletion_vectors
     if has == wanted:
         return
     path = lake.path
@@ -250,6 +252,28 @@ def check_deletion_vectors(table: str, lake: LakeTable, wanted: bool) -> None:
         f"but the consumer runs with lake_deletion_vectors={str(wanted).lower()} "
         f"(WALBRIDGE_LAKE_DELETION_VECTORS); set it back, or convert the table: {how}"
     )
+
+
+def rewrites(lake: LakeTable, below_bytes: int) -> bool:
+    """Whether the table's MERGE rewrites the files it touches instead of writing deletion
+    vectors (`ConsumerConfig.lake_rewrite_below_bytes`): a table that has them, but small."""
+    return lake.exists and lake.deletion_vectors and lake.size < below_bytes
+
+
+@contextmanager
+def rewriting(spark: SparkSession) -> Iterator[None]:
+    """MERGEs run inside rewrite the files they touch, with or without deletion vectors. It is
+    a session setting (Delta has no per-MERGE one), so no MERGE that should write deletion
+    vectors may run meanwhile; the table and its protocol keep the feature either way."""
+    before = spark.conf.get(_MERGE_WRITES_DV, None)
+    spark.conf.set(_MERGE_WRITES_DV, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_MERGE_WRITES_DV)
+        else:
+            spark.conf.set(_MERGE_WRITES_DV, before)
 
 
 def stored_key(lake: LakeTable) -> tuple[str, ...] | None:

@@ -99,7 +99,12 @@ def log_has_deletion_vectors(path: str) -> bool:
 
 def consume(p: Pipeline, lake: str, deletion_vectors: bool) -> None:
     p.consume_available(
-        lake_path=lake, checkpoint_path=f"{lake}_checkpoint", lake_deletion_vectors=deletion_vectors
+        lake_path=lake,
+        checkpoint_path=f"{lake}_checkpoint",
+        lake_deletion_vectors=deletion_vectors,
+        # These tables are small: by default their MERGEs would rewrite files, not write the
+        # deletion vectors the readers are to be tried on.
+        lake_rewrite_below_bytes=0,
     )
 
 

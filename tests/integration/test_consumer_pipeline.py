@@ -4,11 +4,13 @@ to Delta. One Spark session for the module; scenarios share a topic prefix per t
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -287,6 +289,48 @@ def test_an_older_checkpoint_for_a_lake_is_refused(harness: Harness) -> None:
         harness.run()
     assert f"checkpoint at {harness.config.checkpoint_path} is older" in str(refused.value)
     assert [r["id"] for r in harness.rows("public", "accounts")] == [1, 2]
+
+
+def _log_actions(table: str) -> list[dict[str, Any]]:
+    """Every action of the table's Delta log, oldest commit first (the JSON as written)."""
+    commits = sorted(Path(table, "_delta_log").glob("*.json"))
+    return [json.loads(line) for c in commits for line in c.read_text().splitlines()]
+
+
+def test_small_tables_merge_by_rewriting_files(harness: Harness) -> None:
+    """Below `lake_rewrite_below_bytes` a table with deletion vectors is MERGEd by rewriting the
+    file it touches; at 0 the same MERGE writes a deletion vector. Both lakes end equal."""
+    acc, w = accounts(), harness.writer
+    rows = [{"id": i, "balance": Decimal(f"{i}.00"), "doc": f"d{i}"} for i in range(1, 6)]
+    t1 = w.transaction(621, 1000)
+    for r in rows:
+        t1.insert(acc, r)
+    t2 = (
+        w.transaction(622, 2000)
+        .update(acc, {"id": 2, "balance": Decimal("20.00"), "doc": "x"})
+        .delete(acc, {"id": 4})
+    )
+    always_dv = replace(
+        harness.config,
+        lake_path=f"{harness.lake}_dv",
+        checkpoint_path=f"{harness.config.checkpoint_path}_dv",
+        lake_rewrite_below_bytes=0,
+    )
+    other = BatchProcessor(harness.spark, always_dv, harness.processor.schemas)
+    for t in (t1, t2):
+        harness.send(t.records())
+        harness.run()
+        start(harness.spark, always_dv, other).awaitTermination()
+    lakes = {False: harness.lake, True: always_dv.lake_path}
+    for dv, lake in lakes.items():
+        table = f"{lake}/public/accounts"
+        actions = _log_actions(table)
+        meta = next(a["metaData"] for a in actions if "metaData" in a)
+        assert meta["configuration"]["delta.enableDeletionVectors"] == "true"
+        with_dv = [a for a in actions if a.get("add", {}).get("deletionVector")]
+        assert bool(with_dv) is dv, (dv, with_dv)
+        got = harness.spark.read.format("delta").load(table).orderBy("id").collect()
+        assert [(r["id"], r["doc"]) for r in got] == [(1, "d1"), (2, "x"), (3, "d3"), (5, "d5")]
 
 
 def test_transaction_topic_with_several_partitions_is_refused(

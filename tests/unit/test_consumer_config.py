@@ -116,6 +116,11 @@ def test_batches_are_capped_by_default_and_the_cap_can_be_lifted() -> None:
         parse_run([], {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "maybe"})
     with pytest.raises(ConfigError, match="metrics-port"):
         parse_run(["--metrics-port", "70000"], ENV)
+    assert default.lake_rewrite_below_bytes == 8 * 2**20
+    small = {**ENV, "WALBRIDGE_LAKE_REWRITE_BELOW_BYTES": "0"}
+    assert parse_run([], small).lake_rewrite_below_bytes == 0
+    with pytest.raises(ConfigError, match="lake-rewrite-below-bytes"):
+        parse_run(["--lake-rewrite-below-bytes", "-1"], ENV)
 
 
 def test_a_config_built_in_code_is_checked_and_normalised_as_one_read() -> None:

@@ -43,6 +43,17 @@ def test_deletion_vector_mode_must_match_the_setting() -> None:
         merge.check_deletion_vectors("s.t", table(**{merge.DELETION_VECTORS: "TRUE"}), False)
 
 
+def test_only_small_tables_with_deletion_vectors_rewrite() -> None:
+    dv = {merge.DELETION_VECTORS: "true"}
+    small = LakeTable("/lake/s/t", 7, properties=dv, files=2, size=1000)
+    assert merge.rewrites(small, below_bytes=1001)
+    assert not merge.rewrites(small, below_bytes=1000)  # not smaller
+    assert not merge.rewrites(small, below_bytes=0)  # 0: always deletion vectors
+    plain = LakeTable("/lake/s/t", 7, files=2, size=1000)
+    assert not merge.rewrites(plain, below_bytes=1001)  # rewrites anyway: nothing to switch
+    assert not merge.rewrites(MISSING, below_bytes=1001)
+
+
 def test_append_needs_the_recorded_version_or_no_table() -> None:
     assert merge._append_applies(cast(Any, None), changes(MISSING, unique_key=True))
     assert merge._append_applies(
