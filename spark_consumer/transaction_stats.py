@@ -164,7 +164,7 @@ def _aggregates() -> list[Column]:
     first = F.min(F.struct("part", "off"))
     return [
         F.max("lsn").alias("lsn"),
-        # size(collect_set) rather than count_distinct: one hash aggregate, no Expand stage.
+        # size(collect_set) rather than count_distinct: one aggregate, no Expand stage.
         F.size(F.collect_set("ord")).alias("events"),
         F.count(F.lit(1)).alias("records"),
         F.min("seen").alias("seen"),
