@@ -238,7 +238,9 @@ class BatchProcessor:
         crash interrupted, with the offsets it logged). That is right only if the lake has read
         every record in it. A checkpoint restored from an older copy numbers its next batches
         as the lake's last ones but plans them anew: records past what the lake read would be
-        skipped for good. One small job, on replays only (a restart after a crash)."""
+        skipped for good. One job, on replays only (a restart after a crash): it reads the
+        batch from Kafka again, for the offsets of the records themselves (Spark's logged end
+        offsets also count offsets without a record, such as Kafka's transaction markers)."""
         rows = batch.groupBy("topic", "partition").agg(F.max("offset").alias("last")).collect()
         beyond = progress.unread(
             before.kafka_offsets, [(r["topic"], r["partition"], r["last"]) for r in rows]
@@ -250,8 +252,8 @@ class BatchProcessor:
         raise ConfigError(
             f"batch {batch_id} is one the lake at {self.config.lake_path} applied (its progress "
             f"reached batch {before.batch_id}, commit_lsn {before.commit_lsn}), but Spark's "
-            f"checkpoint now gives it records the lake never read: {topic}[{partition}] up to "
-            f"offset {last}, where the lake had read {had}"
+            f"checkpoint now gives it records the lake never read: {topic}[{partition}] "
+            f"offsets {next_read}..{last}, where the lake had read {had}"
             + (f" (and {len(beyond) - 1} more partition(s))" if len(beyond) > 1 else "")
             + f". The checkpoint at {self.config.checkpoint_path} is older than the lake "
             "(restored from a copy?): skipping the batch would lose those records. Restore "
@@ -515,22 +517,24 @@ class BatchProcessor:
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
-        stats = transaction_stats.collect(
-            [(t.events, t.key[0] if t.key else None) for t in tables.values()],
-            marker_df,
-            before.commit_lsn,
-            message_topic(cfg.topic_prefix),
-            now_ms,
-            self._columns,
-            in_spark=framing.records > _SPARK_PLANNING_RECORDS,
-        )
+        with transaction_stats.sorting(self.spark):
+            stats = transaction_stats.collect(
+                [(t.events, t.key[0] if t.key else None) for t in tables.values()],
+                marker_df,
+                before.commit_lsn,
+                message_topic(cfg.topic_prefix),
+                now_ms,
+                self._columns,
+                in_spark=framing.records > _SPARK_PLANNING_RECORDS,
+            )
         persisted.extend(stats.frames)
         step("decode+summary")
         if stats.bad:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
             step("reject")
 
-        plan = stats.plan(before.commit_lsn)
+        with transaction_stats.sorting(self.spark):
+            plan = stats.plan(before.commit_lsn)
         if (
             stale(plan.pending, now_ms, cfg.max_pending_age_s)
             or plan.pending_records > cfg.max_pending_records
@@ -557,6 +561,7 @@ class BatchProcessor:
         versions = dict(before.table_versions)
         changes_by_table: dict[str, int] = {}
         for works, rewrite in self._merge_groups(plan.tables, tables):
+            # In this order: the pool waits for its MERGEs before the setting is put back.
             with (
                 merge.rewriting(self.spark) if rewrite else nullcontext(),
                 ThreadPoolExecutor(max_workers=max(1, min(cfg.merge_threads, len(works)))) as pool,
@@ -632,24 +637,33 @@ class BatchProcessor:
         self, works: tuple[TableWork, ...], tables: dict[str, _Table]
     ) -> list[tuple[tuple[TableWork, ...], bool]]:
         """The tables' MERGEs in the order they run, as (tables, rewrite): first those that
-        write deletion vectors (or whose table has none), then the small tables that have them
-        but rewrite the files they touch (`merge.rewriting`: a session setting, so the two
-        kinds cannot run side by side)."""
+        write deletion vectors or never would (a table without them, only inserts, no key),
+        then the small tables whose MERGE would write them but rewrites the files it touches
+        instead (`merge.rewriting`: a session setting, so the two kinds cannot run side by
+        side, and a table waits in the second group only when it gains from it)."""
         below = self.config.lake_rewrite_below_bytes
-        if not (below and self.config.lake_deletion_vectors and works):
+        # Keyless tables are appended to (a truncate is a DELETE, which the setting leaves be);
+        # distinct inserts may take the insert-only MERGE, which marks no row.
+        may_mark = [w for w in works if tables[w.topic].key and not w.only_distinct_inserts]
+        if not (below and self.config.lake_deletion_vectors and may_mark):
             return [(works, False)]
         paths = [
             self.config.table_path(tables[w.topic].info.schema, tables[w.topic].info.table)
-            for w in works
+            for w in may_mark
         ]
         # The first batch reads each table's log here (on threads, as the MERGEs would).
         with ThreadPoolExecutor(
-            max_workers=max(1, min(self.config.merge_threads, len(works)))
+            max_workers=max(1, min(self.config.merge_threads, len(may_mark)))
         ) as pool:
-            small = [merge.rewrites(lake, below) for lake in pool.map(self._lake_table, paths)]
+            lakes = pool.map(self._lake_table, paths)
+            small = {
+                w.collection
+                for w, lake in zip(may_mark, lakes, strict=True)
+                if merge.rewrites(lake, below)
+            }
         groups = (
-            (tuple(w for w, s in zip(works, small, strict=True) if not s), False),
-            (tuple(w for w, s in zip(works, small, strict=True) if s), True),
+            (tuple(w for w in works if w.collection not in small), False),
+            (tuple(w for w in works if w.collection in small), True),
         )
         return [(group, rewrite) for group, rewrite in groups if group]
 

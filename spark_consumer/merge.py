@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, LongType, StringType, StructField, StructType
 from pyspark.sql.window import Window
 
-from spark_consumer import file_stats, lake_state
+from spark_consumer import file_stats, lake_state, session_conf
 from spark_consumer.cache_level import CACHE
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, LAKE_META, OP, TOAST, TOTAL_ORDER, TS_MS
@@ -260,20 +260,11 @@ def rewrites(lake: LakeTable, below_bytes: int) -> bool:
     return lake.exists and lake.deletion_vectors and lake.size < below_bytes
 
 
-@contextmanager
-def rewriting(spark: SparkSession) -> Iterator[None]:
+def rewriting(spark: SparkSession) -> AbstractContextManager[None]:
     """MERGEs run inside rewrite the files they touch, with or without deletion vectors. It is
     a session setting (Delta has no per-MERGE one), so no MERGE that should write deletion
     vectors may run meanwhile; the table and its protocol keep the feature either way."""
-    before = spark.conf.get(_MERGE_WRITES_DV, None)
-    spark.conf.set(_MERGE_WRITES_DV, "false")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(_MERGE_WRITES_DV)
-        else:
-            spark.conf.set(_MERGE_WRITES_DV, before)
+    return session_conf.changed(spark, _MERGE_WRITES_DV, "false")
 
 
 def stored_key(lake: LakeTable) -> tuple[str, ...] | None:

@@ -119,13 +119,6 @@ def build_session(
         # spent 10-15 s of its 35-42 s of CPU in JIT compiler threads and took 19-22 s; with
         # 1000 entries, 11-14 s. Both code heaps and metaspace stayed the same size.
         .config("spark.sql.codegen.cache.maxEntries", "1000")
-        # A batch's summary (transaction_stats.py) has about one group per record, and its
-        # collect_set makes it an object hash aggregate, which gives up on hashing after 128
-        # groups per task and sorts instead: both the hashing and the sort were paid. A sort
-        # aggregate sorts at once. 1M summary rows alone: 2.9 s against 2.4 s; a 300k-transaction
-        # catch-up (bench_consumer_catchup.py, runs alternating): 66.7 and 69.1 s against 60.3
-        # and 64.2 s.
-        .config("spark.sql.execution.useObjectHashAggregateExec", "false")
         # PySpark 4 wraps every DataFrame and Column function to hand the JVM the Python line
         # that called it (for the query context of analysis errors): four more Py4J round
         # trips per call (the active session, the origin class, a conf read, set and clear).

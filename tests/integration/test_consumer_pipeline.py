@@ -287,8 +287,27 @@ def test_an_older_checkpoint_for_a_lake_is_refused(harness: Harness) -> None:
         StreamingQueryException, match=r"batch 1 is one the lake .* never read"
     ) as refused:
         harness.run()
-    assert f"checkpoint at {harness.config.checkpoint_path} is older" in str(refused.value)
+    message = str(refused.value)
+    assert f"checkpoint at {harness.config.checkpoint_path} is older" in message
+    topics = f"{re.escape(harness.prefix)}\\.(public\\.accounts|transaction)"
+    assert re.search(rf"{topics}\[\d\] offsets \d+\.\.\d+, where the lake had read", message)
     assert [r["id"] for r in harness.rows("public", "accounts")] == [1, 2]
+
+
+def test_a_batch_replayed_after_a_crash_is_skipped(harness: Harness) -> None:
+    """Spark re-runs a batch whose commit it did not log (a crash after the progress row was
+    written) with the offsets it logged: every record was read, so the batch is skipped."""
+    acc, w = accounts(), harness.writer
+    t1 = w.transaction(615, 1000).insert(acc, {"id": 1, "balance": Decimal("1.00"), "doc": "a"})
+    harness.send(t1.records())
+    harness.run()
+    commits = Path(harness.config.checkpoint_path, "commits")
+    for name in ("0", ".0.crc"):
+        (commits / name).unlink(missing_ok=True)
+    harness.run()  # batch 0 again: skipped, no error
+    assert [r["batch_id"] for r in harness.progress()] == [0]
+    assert harness.processor.reports[-1].skipped
+    assert [r["id"] for r in harness.rows("public", "accounts")] == [1]
 
 
 def _log_actions(table: str) -> list[dict[str, Any]]:
