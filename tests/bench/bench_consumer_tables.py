@@ -19,6 +19,8 @@ are warm for both sides.
 
 Run:
   .walbridge/venv/bin/python tests/bench/bench_consumer_tables.py --tables 10 100 300
+(`--lake-rewrite-below-bytes 0`: the guarded MERGEs write deletion vectors, as before that
+setting.)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from pyspark.sql import SparkSession
 
 from spark_consumer.batch import BatchProcessor, BatchReport
-from spark_consumer.config import ConsumerConfig
+from spark_consumer.config import DEFAULT_LAKE_REWRITE_BELOW_BYTES, ConsumerConfig
 from spark_consumer.session import build_session
 from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import ColumnSpec, EventWriter, TableSpec, registry_client
@@ -64,7 +66,13 @@ class Run:
     """One lake, its processor and the transactions of the three batches."""
 
     def __init__(
-        self, spark: SparkSession, writer: EventWriter, client_url: str, lake: str, rows: int
+        self,
+        spark: SparkSession,
+        writer: EventWriter,
+        client_url: str,
+        lake: str,
+        rows: int,
+        rewrite_below: int,
     ) -> None:
         self.spark = spark
         self.writer = writer
@@ -79,6 +87,7 @@ class Run:
             checkpoint_path=f"{lake}/cp",
             trigger=None,
             available_now=True,
+            lake_rewrite_below_bytes=rewrite_below,
         )
 
     def batch(
@@ -122,8 +131,9 @@ def consumer_round(
     n: int,
     rows: int,
     tag: str,
+    rewrite_below: int = DEFAULT_LAKE_REWRITE_BELOW_BYTES,
 ) -> dict[str, tuple[float, BatchReport]]:
-    run = Run(spark, writer, url, f"{tmp}/{tag}", rows)
+    run = Run(spark, writer, url, f"{tmp}/{tag}", rows, rewrite_below)
     proc = BatchProcessor(spark, run.cfg, WriterSchemas(client))
     tables = specs(n, tag)
     out = {}
@@ -157,6 +167,12 @@ def main() -> None:
     ap.add_argument("--tables", type=int, nargs="+", default=[10, 100, 300])
     ap.add_argument("--rows", type=int, default=3, help="rows per table per batch (>= 2)")
     ap.add_argument("--warmup", type=int, default=10, help="tables of the untimed warm-up round")
+    ap.add_argument(
+        "--lake-rewrite-below-bytes",
+        type=int,
+        default=DEFAULT_LAKE_REWRITE_BELOW_BYTES,
+        help="the consumer's setting (0: the guarded MERGEs write deletion vectors)",
+    )
     args = ap.parse_args()
     spark = build_session("bench-consumer-tables")
     spark.sparkContext.setLogLevel("ERROR")
@@ -174,11 +190,31 @@ def main() -> None:
         ).merge_threads
         if args.warmup:
             t0 = time.perf_counter()
-            consumer_round(spark, client, writer, url, tmp, args.warmup, args.rows, "warm")
+            consumer_round(
+                spark,
+                client,
+                writer,
+                url,
+                tmp,
+                args.warmup,
+                args.rows,
+                "warm",
+                args.lake_rewrite_below_bytes,
+            )
             plain_appends(spark, f"{tmp}/plain-warm", args.warmup, args.rows, threads)
             print(f"warm-up ({args.warmup} tables, untimed): {time.perf_counter() - t0:.1f} s")
         for n in args.tables:
-            got = consumer_round(spark, client, writer, url, tmp, n, args.rows, f"n{n}")
+            got = consumer_round(
+                spark,
+                client,
+                writer,
+                url,
+                tmp,
+                n,
+                args.rows,
+                f"n{n}",
+                args.lake_rewrite_below_bytes,
+            )
             plain = plain_appends(spark, f"{tmp}/plain-{n}", n, args.rows, threads)
             for kind, (secs, report) in got.items():
                 print(f"  N={n} {kind}: {secs:.1f} s, {secs / n:.3f} s/table; steps {report.steps}")
