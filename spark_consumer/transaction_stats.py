@@ -79,7 +79,8 @@ class BadRecord:
 
 def sorting(spark: SparkSession) -> AbstractContextManager[None]:
     """Around the summary's jobs (`collect`, `SparkStats.plan`): sort aggregates. A session
-    setting: the batch runs nothing else meanwhile."""
+    setting: the batch runs no other job meanwhile (a Delta checkpoint on the background
+    thread may, and would merely sort as well)."""
     return session_conf.changed(spark, _OBJECT_HASH_AGGREGATE, "false")
 
 

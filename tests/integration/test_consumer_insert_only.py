@@ -138,8 +138,11 @@ def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, C
             checkpoint_path=str(tmp_path / name / "cp"),
             trigger=None,
             available_now=True,
+            # Tables in a known order: one thread, and one MERGE group (no small table waits
+            # for the rewrite group, batch._merge_groups).
             merge_threads=1,
-        )  # tables in a known order
+            lake_rewrite_below_bytes=0,
+        )
         made.append(
             Consumer(
                 BatchProcessor(spark, cfg, WriterSchemas(client)),
