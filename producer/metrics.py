@@ -63,6 +63,12 @@ class Metrics:
             "(its streamed change is newer), by table",
             ["table"], registry=r,
         )  # fmt: skip
+        self.snapshot_chunks_reread = Counter(
+            "walbridge_snapshot_chunks_reread",
+            "Snapshot chunks read again because their read missed a transaction committed "
+            "before the chunk's low watermark (not yet visible then), by table",
+            ["table"], registry=r,
+        )  # fmt: skip
         self.snapshot_rows_estimate = Gauge(
             "walbridge_snapshot_rows_estimate",
             "Rows the planner estimates the table holds (pg_class.reltuples), by table",

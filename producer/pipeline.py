@@ -154,6 +154,7 @@ class Pipeline:
 
     def _on_begin(self, message: Begin, lsn: int) -> None:
         self.emitter.begin(message, lsn)
+        self.snapshots.on_begin(message.xid)
 
     def _on_commit(self, message: Commit, lsn: int) -> None:
         tx = self.emitter.finish(message, lsn)

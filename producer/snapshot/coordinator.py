@@ -31,6 +31,7 @@ from producer.snapshot.watermarks import (
     ChunkSizer,
     Mark,
     Outcome,
+    RecentTransactions,
     Window,
     parse_watermark,
     rows_to_drop,
@@ -119,6 +120,8 @@ class SnapshotCoordinator:
         self._progress: dict[str, _Progress] = {}
         self._known: set[str] = set()  # published tables seen so far
         self.window: Window | None = None  # the chunk in flight (checked per streamed event)
+        self._recent = RecentTransactions()
+        self._wait_for: int | None = None  # for the next window's reader (Window.wait_for)
         self._reader: ChunkReader | None = None
         self._published_in_tx: tuple[Window, int, int] | None = None  # window, rows, lsn
         self._watermark_in_tx = False  # the open transaction is one of our watermarks'
@@ -223,6 +226,7 @@ class SnapshotCoordinator:
         return table
 
     def _submit(self, window: Window) -> None:
+        window.wait_for, self._wait_for = self._wait_for, None
         if self._reader is None:
             self._reader = ChunkReader(self._dsn, self._sizer, self._gate)
         self._reader.submit(window)
@@ -263,6 +267,7 @@ class SnapshotCoordinator:
                 return True  # a previous run's, a cancelled chain's or a retried window's
             if parsed[1] is Mark.LOW:
                 window.opened = True
+                window.low, window.low_newest = self._recent.count, self._recent.newest
                 if not window.table.chunk_key and in_tx and self._may_hold_rows(window.table):
                     # Readers drop what they hold at this truncate, streamed rows of a first
                     # try of the window too (a retried read commits a second low watermark).
@@ -276,6 +281,11 @@ class SnapshotCoordinator:
             self._on_signal(content, lsn)
             return True
         return prefix.startswith("walbridge.")
+
+    def on_begin(self, xid: int) -> None:
+        """A transaction's Begin (every one, resent ones too): remembered for a while, for
+        the windows whose read may have missed it (``RecentTransactions``)."""
+        self._recent.begin(xid)
 
     def _may_hold_rows(self, table: SnapshotTable) -> bool:
         """Whether readers may hold rows of the table already: not when this run created the
@@ -312,6 +322,8 @@ class SnapshotCoordinator:
         name = window.table.collection
         if window.lines:
             self._row_bytes[name] = window.bytes_read / len(window.lines)
+        if window.read_snapshot is not None:
+            window.missed = self._recent.missed(window.read_snapshot, window.low, window.low_newest)
         outcome = window.outcome()
         rows = 0
         reread: list[tuple[str, ...]] = []
@@ -331,10 +343,18 @@ class SnapshotCoordinator:
         self._published_in_tx = (window, rows, lsn) if outcome is not Outcome.REDO else None
         self.window = None
         if outcome is Outcome.REDO:
+            if window.missed is not None:
+                log.info(
+                    "snapshot chunk read again once a transaction is visible (its read missed "
+                    "it, committed before the low watermark)",
+                    extra={"table": name, "xid": window.missed, "high_watermark": format_lsn(lsn)},
+                )
+                self._metrics.snapshot_chunks_reread.labels(name).inc()
+                self._wait_for = window.missed
+            elif window.keys is None:
+                log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
             if window.keys is not None:
                 self._rereads.insert(0, (name, window.keys))
-            else:
-                log.info("snapshot chunk read again (table changed shape)", extra={"table": name})
         else:
             # The resume record lists the rows still to read again (until they are published).
             pending = self.states[name].rereads

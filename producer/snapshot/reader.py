@@ -9,6 +9,8 @@ import queue
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -37,6 +39,16 @@ _EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
 # flushes the reader's own commits and still never waits for synchronous standbys.
 _SESSION_OPTIONS = "-c synchronous_commit=local"
 _RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
+_READ_SNAPSHOT = "SELECT pg_current_snapshot()::text"
+# 'in progress' until the transaction leaves the process array, that is until it is visible.
+_XACT_STATUS = "SELECT pg_xact_status(%s::text::xid8)"
+_VISIBLE_FIRST_WAIT_S = 0.005
+_VISIBLE_MAX_WAIT_S = 1.0
+_VISIBLE_WARN_AFTER_S = 10.0
+
+
+class _Abandoned(Exception):
+    """The window was cancelled, or the reader stops, while its read waited."""
 
 
 def reader_conninfo(dsn: str) -> str:
@@ -91,6 +103,8 @@ class ChunkReader:
                     break
                 try:
                     self._read_with_retries(window)
+                except _Abandoned:
+                    break  # (ready is set below: nothing waits for a cancelled window)
                 except Exception as exc:  # reported to the pipeline's thread, which raises it
                     window.error = SnapshotError(
                         window.table.collection, window.cursor, f"{type(exc).__name__}: {exc}"
@@ -155,6 +169,7 @@ class ChunkReader:
 
     def _read(self, window: Window) -> None:
         conn = self._connection()
+        self._wait_visible(conn, window)
         self._emit(window, Mark.LOW)
         if window.whole:
             self._read_whole(conn, window)
@@ -165,6 +180,48 @@ class ChunkReader:
         # Ready before the high watermark is committed: the stream can't reach it earlier.
         window.ready.set()
         self._emit(window, Mark.HIGH)
+
+    @contextmanager
+    def _read_transaction(
+        self, conn: psycopg.Connection[Any], window: Window
+    ) -> Iterator[psycopg.Cursor[Any]]:
+        """A REPEATABLE READ transaction for the window's read; its snapshot goes to the
+        window, where the pipeline checks it against what the stream showed before the low
+        watermark (``RecentTransactions``)."""
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction(), conn.cursor() as cur:
+            # The first statement takes the transaction's snapshot; the read runs in it.
+            row = cur.execute(_READ_SNAPSHOT).fetchone()
+            assert row is not None
+            window.read_snapshot = ReadSnapshot.parse(row[0])
+            yield cur
+
+    def _wait_visible(self, conn: psycopg.Connection[Any], window: Window) -> None:
+        """Before the low watermark of a window that reads rows again because an earlier read
+        missed a transaction: wait until that transaction is visible (with backoff; a warning
+        names it when that lasts, as a commit waiting for an absent synchronous standby
+        would), so the new read sees it."""
+        xid = window.wait_for
+        if xid is None:
+            return
+        delay, started, warned = _VISIBLE_FIRST_WAIT_S, time.monotonic(), False
+        while True:
+            row = conn.execute(_XACT_STATUS, (xid,)).fetchone()
+            if row is None or row[0] != "in progress":
+                return
+            if window.chain.cancelled or self._stopping:
+                raise _Abandoned
+            waited = time.monotonic() - started
+            if waited >= _VISIBLE_WARN_AFTER_S and not warned:
+                warned = True
+                log.warning(
+                    "snapshot waits for a committed transaction to become visible (is its commit "
+                    "waiting for a synchronous standby?)",
+                    extra={"table": window.table.collection, "xid": xid,
+                           "waited_s": round(waited, 1)},
+                )  # fmt: skip
+            time.sleep(delay)
+            delay = min(delay * 2, _VISIBLE_MAX_WAIT_S)
 
     def _read_chunk(self, conn: psycopg.Connection[Any], window: Window) -> None:
         table = window.table
@@ -182,7 +239,7 @@ class ChunkReader:
                 window.limit + 1,  # one more: is there anything after this chunk?
             )
         blocks: list[bytes] = []
-        with conn.cursor() as cur, cur.copy(query) as copy:
+        with self._read_transaction(conn, window) as cur, cur.copy(query) as copy:
             for block in copy:
                 blocks.append(bytes(block))
         data = b"".join(blocks)
@@ -202,21 +259,15 @@ class ChunkReader:
         table = window.table
         spool = tempfile.TemporaryFile(prefix="walbridge-snapshot-")  # noqa: SIM115 (the window owns it)
         try:
-            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            with conn.transaction(), conn.cursor() as cur:
-                # The first statement takes the transaction's snapshot; the COPY reads in it.
-                row = cur.execute("SELECT pg_current_snapshot()::text").fetchone()
-                assert row is not None
-                snapshot = ReadSnapshot.parse(row[0])
-                with cur.copy(whole_copy(table.schema, table.name, table.column_names)) as copy:
-                    for block in copy:
-                        spool.write(block)
+            query = whole_copy(table.schema, table.name, table.column_names)
+            with self._read_transaction(conn, window) as cur, cur.copy(query) as copy:
+                for block in copy:
+                    spool.write(block)
             window.bytes_read = spool.tell()
             spool.flush()
         except BaseException:
             spool.close()
             raise
-        window.read_snapshot = snapshot
         window.spool = spool
 
 

@@ -10,6 +10,12 @@ published already); the rest are published inside the high watermark's transacti
 take its commit position: later than every change the chunk reflects, earlier than every
 change it does not. Nothing pauses: the stream keeps flowing while the chunk is read.
 
+That holds only if the read sees every transaction the stream shows before the low
+watermark. PostgreSQL makes a commit visible a little after writing its commit record, so
+the pipeline checks the read's snapshot against the transactions the stream showed before
+the window, and reads the chunk again, once the one it missed is visible, if it missed one
+(``RecentTransactions``).
+
 The reader reads ahead: once a chunk is read (before its high watermark is committed) it
 links the next range's window (``ahead``), and reads it as soon as the window before the
 chunk just read has been published; so while the pipeline's thread publishes chunk n, chunk
@@ -60,7 +66,9 @@ def parse_watermark(content: bytes) -> tuple[str, Mark] | None:
 class Outcome(Enum):
     PUBLISHED = "published"  # the rows went out; the cursor moves past the chunk
     TRUNCATED = "truncated"  # the table was truncated in between: nothing to publish, move on
-    REDO = "redo"  # the table's shape changed in between: read the same range again
+    # The table's shape changed in between, or the read missed a transaction the stream
+    # showed before the low watermark: read the same range again.
+    REDO = "redo"
 
 
 class ChunkSizer:
@@ -147,16 +155,80 @@ class ReadSnapshot:
         xmin, xmax, xip = text.split(":")
         return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
 
-    def saw(self, xid: int) -> bool:
-        """Whether the read saw the committed transaction ``xid`` (32 bits, as pgoutput sends
-        it): widened to the 64-bit xid nearest to ``xmax`` (streamed transactions in a window
-        are far less than 2**31 transactions away from the read)."""
+    def widen(self, xid: int) -> int:
+        """A streamed transaction's 32-bit xid (as pgoutput sends it) as the 64-bit xid nearest
+        to ``xmax`` (streamed transactions near a read are far less than 2**31 transactions
+        away from it)."""
         full = (self.xmax & ~0xFFFFFFFF) | (xid & 0xFFFFFFFF)
         if full > self.xmax + 0x80000000:
             full -= 1 << 32
         elif full < self.xmax - 0x80000000:
             full += 1 << 32
+        return full
+
+    def saw(self, xid: int) -> bool:
+        """Whether the read saw the committed transaction ``xid`` (32 bits)."""
+        full = self.widen(xid)
         return full < self.xmin or (full < self.xmax and full not in self.running)
+
+
+class RecentTransactions:
+    """The transactions the stream decoded lately, numbered in the order they came, and the
+    newest xid among them: a window asks whether its read missed one that came before its low
+    watermark (``missed``).
+
+    Why: the low watermark's place in the stream is its commit record's place in the WAL, but
+    PostgreSQL makes a commit visible to other sessions only after writing that record (it
+    flushes the WAL, marks the commit log, waits for synchronous standbys if any, then leaves
+    the process array). A transaction whose commit record precedes the low watermark can
+    still be invisible to the read that starts once the watermark's commit returned: a
+    backend descheduled on a busy machine for a moment, or one waiting for a synchronous
+    standby for as long as it takes. The read then lacks a change the stream showed before
+    the window opened, and publishing its row at the high watermark would undo that change
+    downstream. The read's snapshot tells which transactions it did not see: those it lists
+    as running, and every xid from its ``xmax`` on (a commit not yet visible may be the
+    newest transaction of all).
+
+    Two generations of at most ``size`` xids each, so memory is bounded and a transaction
+    costs one dict store; each is remembered for at least ``size`` more transactions (the
+    first kind of race lasts a few scheduler ticks). The newest xid is kept apart, so the
+    second kind is found however long ago its commit was decoded."""
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.count = 0  # transactions decoded so far (the last one's number)
+        self.newest: int | None = None  # the newest 32-bit xid decoded so far
+        self._size = size
+        self._current: dict[int, int] = {}
+        self._previous: dict[int, int] = {}
+
+    def begin(self, xid: int) -> None:
+        """The stream decoded a transaction's Begin (its 32-bit xid)."""
+        self.count += 1
+        current = self._current
+        current[xid] = self.count
+        if len(current) >= self._size:
+            self._previous, self._current = current, {}
+        newest = self.newest
+        # Newer in xid order modulo 2**32 (as PostgreSQL compares xids).
+        if newest is None or 0 < ((xid - newest) & 0xFFFFFFFF) < 0x80000000:
+            self.newest = xid
+
+    def number(self, xid: int) -> int | None:
+        """The number of the recent transaction with this 32-bit xid, or None."""
+        found = self._current.get(xid)
+        return self._previous.get(xid) if found is None else found
+
+    def missed(self, read: ReadSnapshot, low: int, newest: int | None) -> int | None:
+        """A transaction the stream decoded before a window's low watermark (``low``: the
+        count then; ``newest``: the newest xid then) that the window's read did not see: its
+        64-bit xid, or None."""
+        if newest is not None and not read.saw(newest):
+            return read.widen(newest)
+        for xid in sorted(read.running):
+            number = self.number(xid & 0xFFFFFFFF)
+            if number is not None and number <= low:
+                return xid
+        return None
 
 
 @dataclass(frozen=True)
@@ -220,15 +292,23 @@ class Window:
     cursor_after: tuple[str, ...] | None = None  # the last row's key text
     bytes_read: int = 0
     opened: bool = False  # the stream passed the low watermark
+    low: int = 0  # RecentTransactions.count when it did
+    low_newest: int | None = None  # and RecentTransactions.newest
+    # A transaction committed before the low watermark that the read did not see (its xid):
+    # the rows read may predate it, so they are read again once it is visible (``wait_for``
+    # of the window that reads them again). See RecentTransactions.
+    missed: int | None = None
+    wait_for: int | None = None
     changed: set[bytes] = field(default_factory=set)  # keys changed since the low watermark
     # Of those, keys whose change kept an unchanged TOAST value PostgreSQL did not send: the
     # streamed change lacks it, so instead of dropping the row it is read again afterwards.
     toast: set[bytes] = field(default_factory=set)
     keys: list[tuple[str, ...]] | None = None  # read these rows again (not a range)
-    # A table without a key: its rows are spooled to this file (not held in ``lines``), the
-    # read's snapshot says which streamed changes it saw, and ``images`` holds those changes.
-    spool: BinaryIO | None = None
+    # Which transactions the read saw. For a table without a key it also says which streamed
+    # changes in ``images`` the read saw; its rows are spooled to ``spool`` (not held in
+    # ``lines``).
     read_snapshot: ReadSnapshot | None = None
+    spool: BinaryIO | None = None
     images: list[ImageChange] = field(default_factory=list)
     truncated: bool = False
     reshaped: bool = False
@@ -283,7 +363,7 @@ class Window:
         )
 
     def outcome(self) -> Outcome:
-        if self.reshaped:
+        if self.reshaped or self.missed is not None:
             return Outcome.REDO
         if self.truncated:
             return Outcome.TRUNCATED

@@ -252,6 +252,69 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
         sql(pg_dsn, f"DROP TABLE IF EXISTS {other}")
 
 
+def test_a_commit_not_yet_visible_is_waited_for_before_a_chunk_is_read(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
+) -> None:
+    """A transaction whose commit record is written but which is not yet visible (here: it
+    waits for a synchronous standby that does not exist) is in the stream before the chunk's
+    low watermark, yet a read would not see it. Publishing that read at the high watermark
+    would put the old row after the streamed update and undo it downstream (it did before the
+    check). The chunk is read again once the commit is visible."""
+    rows = 1000
+    _create(pg_dsn, table, rows)
+    source = Source.create(pg_dsn, [table], "snaphid")
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url, snapshot="never")
+    local = {"options": "-c synchronous_commit=local"}  # sessions that must not wait
+
+    def update() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True, options="-c synchronous_commit=on") as c:
+            c.execute(f"UPDATE {table} SET v = 42 WHERE id = 7")
+
+    stuck = threading.Thread(target=update, daemon=True)
+    try:
+        producer.start()
+        with psycopg.connect(pg_dsn, autocommit=True, **local) as admin:
+            admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'walbridge_absent'")
+            admin.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + 30
+            stuck.start()
+            # Committed in the WAL and the commit log, waiting for the standby: invisible.
+            while not admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            ).fetchall():
+                assert time.monotonic() < deadline, "the update did not wait for the standby"
+                time.sleep(0.05)
+            assert query(pg_dsn, f"SELECT v FROM {table} WHERE id = 7") == [(0,)]
+            admin.execute(
+                "SELECT pg_logical_emit_message(true, 'walbridge.signal', %s)",
+                (json.dumps({"snapshot": [f"public.{table}"]}),),
+            )
+            time.sleep(3)  # the producer takes the signal and its reader starts to wait
+            topic = f"{source.prefix}.public.{table}"
+            records = read_all(kafka_bootstrap, registry_url, topic)
+            assert [r.value["after"]["v"] for r in records] == [42], "the update streamed"
+            assert "snapshotting" in producer.http("/readyz")[1], producer.log()
+            admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            admin.execute("SELECT pg_reload_conf()")  # releases the waiting commit
+        stuck.join(30)
+        wait_snapshots_done(producer, table)
+        source.wait_confirmed(source.current_lsn())
+        records = read_all(kafka_bootstrap, registry_url, topic)
+        assert sum(r.value["op"] == "r" for r in records) == rows
+        assert_same(records, topic, pg_dsn, table)
+        # The chunk read while the update was invisible was read again, once, after waiting
+        # for the update (not over and over while it waited).
+        rereads = [line for line in producer.log().splitlines() if "read again" in line]
+        assert 1 <= metric(producer, "walbridge_snapshot_chunks_reread_total") <= 2, rereads
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True, **local) as admin:
+            admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            admin.execute("SELECT pg_reload_conf()")
+        stuck.join(30)
+        producer.stop()
+        source.drop()
+
+
 def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
     pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
 ) -> None:

@@ -330,3 +330,51 @@ def test_a_chunk_published_while_only_the_snapshot_streams_holds_nothing(
     _run_window(coord, [b"1\ta", b"2\tb"], 100)  # none came before its high watermark
     assert len(sink.reads) == 2
     assert not FakeReader.gate.held
+
+
+def test_a_chunk_whose_read_missed_a_transaction_shown_before_its_window_is_read_again(
+    published: set[str],
+) -> None:
+    """The stream showed transaction 700 before the low watermark, but the read (taken after
+    the watermark's commit) still saw it running: PostgreSQL makes a commit visible a moment
+    after its commit record. Publishing the rows read would undo its change downstream, so the
+    chunk is read again from the same cursor once 700 is visible, and a read that saw it is
+    published."""
+    sink = FakeSink()
+    coord = _coordinator(sink)
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    window = FakeReader.windows[-1]
+    window.lines = [b"1\ta", b"2\tb"]
+    window.bytes_read = 8
+    window.cursor_after = ("2",)
+    window.read_snapshot = ReadSnapshot.parse("700:702:700")
+    window.ready.set()
+    coord.on_begin(700)
+    coord.on_commit(5)
+    coord.on_begin(701)  # the low watermark's transaction
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), 10, True)
+    coord.on_commit(10)
+    coord.on_begin(702)
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), 20, True)
+    coord.on_commit(20)
+    assert sink.reads == [] and all(state.rows == 0 for state in sink.states)
+    assert window.missed == 700
+    again = FakeReader.windows[-1]
+    assert again is not window and again.cursor is None  # the same range, from the start
+    assert again.wait_for == 700  # read once 700 is visible
+    coord.tick()
+    # The second read saw 700; one running transaction the stream never showed is no race.
+    again.lines = [b"1\ta", b"2\tB"]
+    again.bytes_read = 8
+    again.cursor_after = ("2",)
+    again.read_snapshot = ReadSnapshot.parse("650:704:650")
+    again.ready.set()
+    coord.on_begin(703)
+    coord.on_message(WATERMARK_PREFIX, watermark_content(again.id, Mark.LOW).encode(), 30, True)
+    coord.on_commit(30)
+    coord.on_message(WATERMARK_PREFIX, watermark_content(again.id, Mark.HIGH).encode(), 40, True)
+    coord.on_commit(40)
+    coord.on_confirmed(40)
+    assert len(sink.reads) == 2 and again.missed is None
+    assert sink.states[-1].status == DONE

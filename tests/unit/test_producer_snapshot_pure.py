@@ -26,6 +26,7 @@ from producer.snapshot.watermarks import (
     Mark,
     Outcome,
     ReadSnapshot,
+    RecentTransactions,
     Window,
     parse_watermark,
     rows_to_drop,
@@ -217,6 +218,47 @@ def test_read_snapshot_tells_seen_transactions_across_xid_epochs() -> None:
     assert read.saw(4) and read.saw(7) and not read.saw(6) and not read.saw(8)
     assert read.saw(0xFFFFFFF0)  # the previous epoch's, just before the wrap
     assert ReadSnapshot.parse("3:3:").running == frozenset()
+
+
+def test_recent_transactions_find_a_read_that_missed_one_decoded_before_the_window() -> None:
+    recent = RecentTransactions(size=4)
+    for xid in (10, 12, 11):
+        recent.begin(xid)
+    low, newest = recent.count, recent.newest  # the low watermark's transaction was 11
+    assert newest == 12
+    recent.begin(13)  # inside the window
+    # The read ran after the low watermark's commit, yet 10 was still running for it: the
+    # stream showed 10 before the window, so the rows read may predate it.
+    assert recent.missed(ReadSnapshot.parse("10:14:10,13"), low, newest) == 10
+    # 13 came after the low watermark: the window's own key tracking covers it.
+    assert recent.missed(ReadSnapshot.parse("13:14:13"), low, newest) is None
+    # Long-running transactions the stream has not shown are no race.
+    assert recent.missed(ReadSnapshot.parse("5:14:5,7"), low, newest) is None
+    # The newest transaction, not visible yet, is past the read's xmax, not in its list.
+    assert recent.missed(ReadSnapshot.parse("12:12:"), low, newest) == 12
+    # 64-bit xids in the snapshot, 32-bit ones in the stream.
+    epoch = 3 << 32
+    read = ReadSnapshot.parse(f"{epoch + 10}:{epoch + 14}:{epoch + 10}")
+    assert recent.missed(read, low, newest) == epoch + 10
+    assert recent.missed(ReadSnapshot.parse(f"{epoch + 12}:{epoch + 12}:"), low, newest) == (
+        epoch + 12
+    )
+
+
+def test_recent_transactions_hold_two_generations_at_most() -> None:
+    recent = RecentTransactions(size=4)
+    for xid in range(100, 112):
+        recent.begin(xid)
+    assert recent.count == 12
+    # At least ``size`` of the latest are remembered, at most 2 * size.
+    assert all(recent.number(x) == x - 99 for x in range(108, 112))
+    assert recent.number(100) is None
+    assert sum(recent.number(x) is not None for x in range(100, 112)) <= 8
+    wrapping = RecentTransactions()
+    wrapping.begin(0xFFFFFFFF)
+    wrapping.begin(2)  # after the wrap: newer
+    wrapping.begin(0xFFFFFFF0)  # older
+    assert wrapping.newest == 2
 
 
 def test_rows_of_a_table_without_a_key_are_dropped_once_per_matching_change() -> None:
