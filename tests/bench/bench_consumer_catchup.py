@@ -297,6 +297,12 @@ def main() -> None:
                     for r in proc.reports
                 )
             )
+            print(
+                "steps per batch (s): "
+                + "; ".join(
+                    " ".join(f"{n} {v:.1f}" for n, v in r.steps.items()) for r in proc.reports
+                )
+            )
             for name in ("python", "jvm"):
                 print(
                     f"driver {name} RSS: {peak.before[name] / 1024:.0f} MB idle before, "
