@@ -101,9 +101,27 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
             subprocess.run([str(STACK), "down", *started], text=True, capture_output=True)
 
 
+# The synchronous standby a snapshot test names so that commits wait (one that never comes).
+ABSENT_STANDBY = "walbridge_absent"
+
+
 @pytest.fixture(scope="session")
 def pg_dsn(stack: Stack) -> str:
+    _forget_absent_standby(stack.pg_dsn)
     return stack.pg_dsn
+
+
+def _forget_absent_standby(dsn: str) -> None:
+    """A run killed in the middle of that test leaves the setting in postgresql.auto.conf, and
+    every later commit would wait for the standby: reset it (only that value)."""
+    import psycopg
+
+    local = "-c synchronous_commit=local"
+    with psycopg.connect(dsn, autocommit=True, options=local) as conn:
+        row = conn.execute("SELECT current_setting('synchronous_standby_names')").fetchone()
+        if row is not None and row[0] == ABSENT_STANDBY:
+            conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            conn.execute("SELECT pg_reload_conf()")
 
 
 @pytest.fixture(scope="session")

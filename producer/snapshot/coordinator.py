@@ -267,7 +267,7 @@ class SnapshotCoordinator:
                 return True  # a previous run's, a cancelled chain's or a retried window's
             if parsed[1] is Mark.LOW:
                 window.opened = True
-                window.low, window.low_newest = self._recent.count, self._recent.newest
+                window.low = self._recent.mark()
                 if not window.table.chunk_key and in_tx and self._may_hold_rows(window.table):
                     # Readers drop what they hold at this truncate, streamed rows of a first
                     # try of the window too (a retried read commits a second low watermark).
@@ -322,8 +322,8 @@ class SnapshotCoordinator:
         name = window.table.collection
         if window.lines:
             self._row_bytes[name] = window.bytes_read / len(window.lines)
-        if window.read_snapshot is not None:
-            window.missed = self._recent.missed(window.read_snapshot, window.low, window.low_newest)
+        if window.read_snapshot is not None and window.low is not None:
+            window.missed = window.low.missed(window.read_snapshot)
         outcome = window.outcome()
         rows = 0
         reread: list[tuple[str, ...]] = []

@@ -33,14 +33,27 @@ from producer.snapshot.watermarks import (
 log = logging.getLogger(__name__)
 
 _EMIT = "SELECT pg_logical_emit_message(true, %s, %s)"
+# The low watermark's commit waits like the most careful writer's would: commits that precede
+# it in the WAL but wait for a synchronous standby are not visible yet, and a read started
+# once the watermark returned would miss them (watermarks.RecentTransactions). Standbys
+# release waiting commits in WAL order, and an applied position implies a flushed and a
+# written one, so when ``remote_apply`` returns, every earlier commit is released too, whatever
+# its own mode. Without synchronous standbys it is ``local``. The setting holds for the
+# statement's own transaction only.
+_EMIT_LOW = (
+    "SELECT set_config('synchronous_commit', 'remote_apply', true),"
+    " pg_logical_emit_message(true, %s, %s)"
+)
 # A walsender decodes only WAL flushed to disk. Under synchronous_commit=off a watermark's commit
 # reached the stream only at the WAL writer's next flush (up to wal_writer_delay, 200 ms by
 # default, per watermark: a quarter of a 1M-row snapshot's time on a cluster set so). ``local``
-# flushes the reader's own commits and still never waits for synchronous standbys.
+# flushes the reader's own commits; only the low watermark also waits for standbys (_EMIT_LOW).
 _SESSION_OPTIONS = "-c synchronous_commit=local"
 _RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 _READ_SNAPSHOT = "SELECT pg_current_snapshot()::text"
-# 'in progress' until the transaction leaves the process array, that is until it is visible.
+# 'in progress' until the transaction leaves the process array, that is until it is visible
+# (PostgreSQL 15.2, 14.7, 13.10 and later; earlier minor releases could answer 'committed'
+# while a commit waited for a synchronous standby: the chunk is then read again until then).
 _XACT_STATUS = "SELECT pg_xact_status(%s::text::xid8)"
 _VISIBLE_FIRST_WAIT_S = 0.005
 _VISIBLE_MAX_WAIT_S = 1.0
@@ -165,7 +178,9 @@ class ChunkReader:
                 window.lines.clear()
 
     def _emit(self, window: Window, mark: Mark) -> None:
-        self._connection().execute(_EMIT, (WATERMARK_PREFIX, watermark_content(window.id, mark)))
+        statement = _EMIT_LOW if mark is Mark.LOW else _EMIT
+        content = watermark_content(window.id, mark)
+        self._connection().execute(statement, (WATERMARK_PREFIX, content))
 
     def _read(self, window: Window) -> None:
         conn = self._connection()

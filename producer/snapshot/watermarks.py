@@ -172,27 +172,56 @@ class ReadSnapshot:
         return full < self.xmin or (full < self.xmax and full not in self.running)
 
 
+@dataclass(frozen=True)
+class LowMark:
+    """What the stream had decoded when it reached a window's low watermark: how many
+    transactions, the newest xid, and the numbered xids (the dicts RecentTransactions held
+    then, kept by reference: later entries carry larger numbers, and a window keeps what its
+    check needs however many transactions pass before its high watermark)."""
+
+    count: int
+    newest: int | None
+    current: dict[int, int]
+    previous: dict[int, int]
+
+    def number(self, xid: int) -> int | None:
+        found = self.current.get(xid)
+        return self.previous.get(xid) if found is None else found
+
+    def missed(self, read: ReadSnapshot) -> int | None:
+        """A transaction decoded before the low watermark that the read did not see: its
+        64-bit xid, or None."""
+        newest = self.newest
+        if newest is not None and not read.saw(newest):
+            return read.widen(newest)
+        for xid in sorted(read.running):
+            number = self.number(xid & 0xFFFFFFFF)
+            if number is not None and number <= self.count:
+                return xid
+        return None
+
+
 class RecentTransactions:
-    """The transactions the stream decoded lately, numbered in the order they came, and the
-    newest xid among them: a window asks whether its read missed one that came before its low
-    watermark (``missed``).
+    """The transactions the stream decoded lately, numbered in the order they came: at a
+    window's low watermark the pipeline takes a ``LowMark``, and at its high watermark asks
+    whether the window's read missed one of them (``LowMark.missed``).
 
     Why: the low watermark's place in the stream is its commit record's place in the WAL, but
     PostgreSQL makes a commit visible to other sessions only after writing that record (it
     flushes the WAL, marks the commit log, waits for synchronous standbys if any, then leaves
     the process array). A transaction whose commit record precedes the low watermark can
-    still be invisible to the read that starts once the watermark's commit returned: a
-    backend descheduled on a busy machine for a moment, or one waiting for a synchronous
-    standby for as long as it takes. The read then lacks a change the stream showed before
-    the window opened, and publishing its row at the high watermark would undo that change
-    downstream. The read's snapshot tells which transactions it did not see: those it lists
-    as running, and every xid from its ``xmax`` on (a commit not yet visible may be the
-    newest transaction of all).
+    therefore be invisible to the read that starts once the watermark's commit returned: a
+    backend descheduled for a moment on a busy machine. (Commits waiting for a synchronous
+    standby are released before the low watermark's own commit returns: see the reader.) The
+    read then lacks a change the stream showed before the window opened, and publishing its
+    row at the high watermark would undo that change downstream. The read's snapshot tells
+    which transactions it did not see: those it lists as running, and every xid from its
+    ``xmax`` on.
 
     Two generations of at most ``size`` xids each, so memory is bounded and a transaction
-    costs one dict store; each is remembered for at least ``size`` more transactions (the
-    first kind of race lasts a few scheduler ticks). The newest xid is kept apart, so the
-    second kind is found however long ago its commit was decoded."""
+    costs a lookup and a dict store; a transaction is remembered for at least ``size`` more
+    (the race lasts a few scheduler ticks). A resent transaction (after a reconnect) keeps its
+    first number."""
 
     def __init__(self, size: int = 1 << 16) -> None:
         self.count = 0  # transactions decoded so far (the last one's number)
@@ -205,6 +234,8 @@ class RecentTransactions:
         """The stream decoded a transaction's Begin (its 32-bit xid)."""
         self.count += 1
         current = self._current
+        if xid in current or xid in self._previous:
+            return  # resent: its first number stands
         current[xid] = self.count
         if len(current) >= self._size:
             self._previous, self._current = current, {}
@@ -218,17 +249,9 @@ class RecentTransactions:
         found = self._current.get(xid)
         return self._previous.get(xid) if found is None else found
 
-    def missed(self, read: ReadSnapshot, low: int, newest: int | None) -> int | None:
-        """A transaction the stream decoded before a window's low watermark (``low``: the
-        count then; ``newest``: the newest xid then) that the window's read did not see: its
-        64-bit xid, or None."""
-        if newest is not None and not read.saw(newest):
-            return read.widen(newest)
-        for xid in sorted(read.running):
-            number = self.number(xid & 0xFFFFFFFF)
-            if number is not None and number <= low:
-                return xid
-        return None
+    def mark(self) -> LowMark:
+        """At a window's low watermark."""
+        return LowMark(self.count, self.newest, self._current, self._previous)
 
 
 @dataclass(frozen=True)
@@ -292,8 +315,7 @@ class Window:
     cursor_after: tuple[str, ...] | None = None  # the last row's key text
     bytes_read: int = 0
     opened: bool = False  # the stream passed the low watermark
-    low: int = 0  # RecentTransactions.count when it did
-    low_newest: int | None = None  # and RecentTransactions.newest
+    low: LowMark | None = None  # what the stream had decoded when it did
     # A transaction committed before the low watermark that the read did not see (its xid):
     # the rows read may predate it, so they are read again once it is visible (``wait_for``
     # of the window that reads them again). See RecentTransactions.

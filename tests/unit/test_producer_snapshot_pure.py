@@ -224,25 +224,33 @@ def test_recent_transactions_find_a_read_that_missed_one_decoded_before_the_wind
     recent = RecentTransactions(size=4)
     for xid in (10, 12, 11):
         recent.begin(xid)
-    low, newest = recent.count, recent.newest  # the low watermark's transaction was 11
-    assert newest == 12
+    low = recent.mark()  # the low watermark's transaction was 11
+    assert low.newest == 12
     recent.begin(13)  # inside the window
     # The read ran after the low watermark's commit, yet 10 was still running for it: the
     # stream showed 10 before the window, so the rows read may predate it.
-    assert recent.missed(ReadSnapshot.parse("10:14:10,13"), low, newest) == 10
+    assert low.missed(ReadSnapshot.parse("10:14:10,13")) == 10
     # 13 came after the low watermark: the window's own key tracking covers it.
-    assert recent.missed(ReadSnapshot.parse("13:14:13"), low, newest) is None
+    assert low.missed(ReadSnapshot.parse("13:14:13")) is None
     # Long-running transactions the stream has not shown are no race.
-    assert recent.missed(ReadSnapshot.parse("5:14:5,7"), low, newest) is None
+    assert low.missed(ReadSnapshot.parse("5:14:5,7")) is None
     # The newest transaction, not visible yet, is past the read's xmax, not in its list.
-    assert recent.missed(ReadSnapshot.parse("12:12:"), low, newest) == 12
+    assert low.missed(ReadSnapshot.parse("12:12:")) == 12
     # 64-bit xids in the snapshot, 32-bit ones in the stream.
     epoch = 3 << 32
-    read = ReadSnapshot.parse(f"{epoch + 10}:{epoch + 14}:{epoch + 10}")
-    assert recent.missed(read, low, newest) == epoch + 10
-    assert recent.missed(ReadSnapshot.parse(f"{epoch + 12}:{epoch + 12}:"), low, newest) == (
-        epoch + 12
-    )
+    assert low.missed(ReadSnapshot.parse(f"{epoch + 10}:{epoch + 14}:{epoch + 10}")) == (epoch + 10)
+    assert low.missed(ReadSnapshot.parse(f"{epoch + 12}:{epoch + 12}:")) == epoch + 12
+
+
+def test_a_low_mark_keeps_what_it_needs_however_many_transactions_follow() -> None:
+    recent = RecentTransactions(size=4)
+    recent.begin(10)
+    low = recent.mark()
+    for xid in range(20, 40):  # the ring turns over several times before the high watermark
+        recent.begin(xid)
+    assert recent.number(10) is None
+    assert low.missed(ReadSnapshot.parse("10:40:10")) == 10
+    assert low.missed(ReadSnapshot.parse("10:40:25")) is None  # 25 came after the mark
 
 
 def test_recent_transactions_hold_two_generations_at_most() -> None:
@@ -254,6 +262,10 @@ def test_recent_transactions_hold_two_generations_at_most() -> None:
     assert all(recent.number(x) == x - 99 for x in range(108, 112))
     assert recent.number(100) is None
     assert sum(recent.number(x) is not None for x in range(100, 112)) <= 8
+    # A transaction resent after a reconnect keeps its first number: a window that opened
+    # after it still counts it as before its low watermark.
+    recent.begin(110)
+    assert recent.number(110) == 11 and recent.count == 13
     wrapping = RecentTransactions()
     wrapping.begin(0xFFFFFFFF)
     wrapping.begin(2)  # after the wrap: newer
