@@ -185,6 +185,7 @@ class LowMark:
     previous: dict[int, int]
 
     def number(self, xid: int) -> int | None:
+        """The number of a transaction decoded by then, by its 32-bit xid (None: not known)."""
         found = self.current.get(xid)
         return self.previous.get(xid) if found is None else found
 
@@ -243,11 +244,6 @@ class RecentTransactions:
         # Newer in xid order modulo 2**32 (as PostgreSQL compares xids).
         if newest is None or 0 < ((xid - newest) & 0xFFFFFFFF) < 0x80000000:
             self.newest = xid
-
-    def number(self, xid: int) -> int | None:
-        """The number of the recent transaction with this 32-bit xid, or None."""
-        found = self._current.get(xid)
-        return self._previous.get(xid) if found is None else found
 
     def mark(self) -> LowMark:
         """At a window's low watermark."""

@@ -248,7 +248,7 @@ def test_a_low_mark_keeps_what_it_needs_however_many_transactions_follow() -> No
     low = recent.mark()
     for xid in range(20, 40):  # the ring turns over several times before the high watermark
         recent.begin(xid)
-    assert recent.number(10) is None
+    assert recent.mark().number(10) is None
     assert low.missed(ReadSnapshot.parse("10:40:10")) == 10
     assert low.missed(ReadSnapshot.parse("10:40:25")) is None  # 25 came after the mark
 
@@ -259,13 +259,13 @@ def test_recent_transactions_hold_two_generations_at_most() -> None:
         recent.begin(xid)
     assert recent.count == 12
     # At least ``size`` of the latest are remembered, at most 2 * size.
-    assert all(recent.number(x) == x - 99 for x in range(108, 112))
-    assert recent.number(100) is None
-    assert sum(recent.number(x) is not None for x in range(100, 112)) <= 8
+    assert all(recent.mark().number(x) == x - 99 for x in range(108, 112))
+    assert recent.mark().number(100) is None
+    assert sum(recent.mark().number(x) is not None for x in range(100, 112)) <= 8
     # A transaction resent after a reconnect keeps its first number: a window that opened
     # after it still counts it as before its low watermark.
     recent.begin(110)
-    assert recent.number(110) == 11 and recent.count == 13
+    assert recent.mark().number(110) == 11 and recent.count == 13
     wrapping = RecentTransactions()
     wrapping.begin(0xFFFFFFFF)
     wrapping.begin(2)  # after the wrap: newer
