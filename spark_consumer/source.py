@@ -11,6 +11,8 @@ from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.errors import ConfigError
 
+FETCH_MAX_WAIT_MS = 10  # see kafka_stream
+
 # Spark writes the query's offsets and commits, and Delta its checksum files, through Spark's
 # CheckpointFileManager. The default one goes through Hadoop's FileContext, whose rename asks
 # for the link status of both paths; Hadoop's local file system, without its native library,
@@ -19,7 +21,6 @@ from spark_consumer.errors import ConfigError
 # commitOffsets phases were little else). The FileSystem-based manager renames with the
 # FileSystem API (`File.renameTo`, an atomic replace on a POSIX file system), no child process:
 # used only when the checkpoint and the lake are local paths; object stores keep Spark's choice.
-FETCH_MAX_WAIT_MS = 10  # see kafka_stream
 CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 FILE_SYSTEM_MANAGER = (
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"

@@ -122,18 +122,32 @@ def _key(line: bytes) -> bytes:
 
 
 def _run_window(
-    coord: SnapshotCoordinator, lines: list[bytes], lsn: int, toast: bytes = b""
+    coord: SnapshotCoordinator,
+    lines: list[bytes],
+    lsn: int,
+    toast: bytes = b"",
+    snapshot: str | None = None,
+    before: Sequence[int] = (),
+    inside: Sequence[int] = (),
 ) -> Window:
-    """The last submitted window reads ``lines``; ``toast``: a key changed in it with an
-    unchanged TOAST value; then its high watermark commits at ``lsn``."""
+    """The last submitted window reads ``lines`` (in ``snapshot``, pg_snapshot text, if
+    given); ``toast``: a key changed in it with an unchanged TOAST value; then its high
+    watermark commits at ``lsn``. ``before``/``inside``: xids the stream decodes before the
+    low watermark (the last one is the watermark's own) and between the two."""
     window = FakeReader.windows[-1]
     window.lines = lines
     window.bytes_read = sum(map(len, lines))
     window.cursor_after = (lines[-1].split(b"\t")[0].decode(),) if window.keys is None else None
+    if snapshot is not None:
+        window.read_snapshot = ReadSnapshot.parse(snapshot)
     window.ready.set()
+    for xid in before:
+        coord.on_begin(xid)
     coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), lsn, True)
     if toast:
         window.saw(toast, unchanged_toast=True)
+    for xid in inside:
+        coord.on_begin(xid)
     coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), lsn, True)
     coord.on_commit(lsn)
     coord.on_confirmed(lsn)
@@ -344,20 +358,10 @@ def test_a_chunk_whose_read_missed_a_transaction_shown_before_its_window_is_read
     coord = _coordinator(sink)
     coord.start({}, [NAME], [NAME])
     coord.tick()
-    window = FakeReader.windows[-1]
-    window.lines = [b"1\ta", b"2\tb"]
-    window.bytes_read = 8
-    window.cursor_after = ("2",)
-    window.read_snapshot = ReadSnapshot.parse("700:702:700")
-    window.ready.set()
-    coord.on_begin(700)
-    coord.on_commit(5)
-    coord.on_begin(701)  # the low watermark's transaction
-    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), 10, True)
-    coord.on_commit(10)
-    coord.on_begin(702)
-    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), 20, True)
-    coord.on_commit(20)
+    # 701 is the low watermark's own transaction; 702 streams inside the window.
+    window = _run_window(
+        coord, [b"1\ta", b"2\tb"], 20, snapshot="700:702:700", before=(700, 701), inside=(702,)
+    )
     assert sink.reads == [] and all(state.rows == 0 for state in sink.states)
     assert window.missed == 700
     again = FakeReader.windows[-1]
@@ -365,16 +369,6 @@ def test_a_chunk_whose_read_missed_a_transaction_shown_before_its_window_is_read
     assert again.wait_for == 700  # read once 700 is visible
     coord.tick()
     # The second read saw 700; one running transaction the stream never showed is no race.
-    again.lines = [b"1\ta", b"2\tB"]
-    again.bytes_read = 8
-    again.cursor_after = ("2",)
-    again.read_snapshot = ReadSnapshot.parse("650:704:650")
-    again.ready.set()
-    coord.on_begin(703)
-    coord.on_message(WATERMARK_PREFIX, watermark_content(again.id, Mark.LOW).encode(), 30, True)
-    coord.on_commit(30)
-    coord.on_message(WATERMARK_PREFIX, watermark_content(again.id, Mark.HIGH).encode(), 40, True)
-    coord.on_commit(40)
-    coord.on_confirmed(40)
+    _run_window(coord, [b"1\ta", b"2\tB"], 40, snapshot="650:704:650", before=(703,))
     assert len(sink.reads) == 2 and again.missed is None
     assert sink.states[-1].status == DONE
