@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from functools import partial, reduce
+from functools import partial
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -60,6 +60,7 @@ from spark_consumer.errors import ConfigError, RecordError, TransactionError, Un
 from spark_consumer.framing import schema_id_col
 from spark_consumer.metrics import ConsumerMetrics
 from spark_consumer.reassembly import Plan, TableWork, check_age, stale
+from spark_consumer.union import union_all
 from spark_consumer.writer_schemas import SchemaNotFound, WriterSchemas
 
 log = logging.getLogger("walbridge.consumer")
@@ -451,7 +452,7 @@ class BatchProcessor:
             )
             frames.append(self._decode(raw, info.topic, vid).select(*select))
             columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]
-        df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+        df = union_all(frames, allow_missing=True)
         return _Table(info, df.persist(CACHE), tuple(columns), key, unique, pg_names)
 
     def _decode_markers(
@@ -461,7 +462,7 @@ class BatchProcessor:
         select = self._columns.get("markers", marker_columns)
         frames = [self._decode(raw, topic, vid).select(*select) for vid in marker_ids]
         df = (
-            reduce(DataFrame.unionByName, frames)
+            union_all(frames)
             if frames
             # An empty RDD has no partitions: no task, no Python worker.
             else self.spark.createDataFrame(self.spark.sparkContext.emptyRDD(), _MARKER_SCHEMA)
@@ -517,7 +518,7 @@ class BatchProcessor:
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
-        with transaction_stats.sorting(self.spark):
+        with transaction_stats.summary_settings(self.spark):
             stats = transaction_stats.collect(
                 [(t.events, t.key[0] if t.key else None) for t in tables.values()],
                 marker_df,
@@ -533,7 +534,7 @@ class BatchProcessor:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
             step("reject")
 
-        with transaction_stats.sorting(self.spark):
+        with transaction_stats.summary_settings(self.spark):
             plan = stats.plan(before.commit_lsn)
         if (
             stale(plan.pending, now_ms, cfg.max_pending_age_s)
@@ -781,14 +782,13 @@ class BatchProcessor:
             F.col(PARTITION).alias("partition"),
             F.col(OFFSET).alias("offset"),
         ]
-        waiting = reduce(
-            DataFrame.unionByName,
+        waiting = union_all(
             [
                 t.events.filter(transaction_stats.usable() & later).select(*coords)
                 for t in tables.values()
             ]
             + [marker_df.filter(F.col(OK) & later).select(*coords)],
-        )
+        ).coalesce(self.spark.sparkContext.defaultParallelism)  # see transaction_stats.collect
         if plan.pending_records <= _BROADCAST_PENDING:
             # Spark cannot know that so few rows wait (their frames are cached whole), so it
             # shuffled the whole batch, payloads and all, to join them: ~0.8 s per catch-up batch.
@@ -820,8 +820,7 @@ class BatchProcessor:
             F.col(PARTITION).alias("partition"),
             F.col(OFFSET).alias("offset"),
         ]
-        bad = reduce(
-            DataFrame.unionByName,
+        bad = union_all(
             [
                 t.events.filter(transaction_stats.bad_reason().isNotNull()).select(
                     *coords, transaction_stats.bad_reason().alias("_reason")

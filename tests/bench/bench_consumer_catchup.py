@@ -8,6 +8,9 @@ branch's totals updated (1 update each), and a row in the keyless `history` tabl
 inside PostgreSQL (a procedure committing each one) while the producer is stopped, so WAL holds
 the whole backlog when it starts.
 
+The opening rows (the accounts, tellers and branches) stream before the backlog and a consumer
+in a process of its own applies them, untimed: the timed consumer starts where it left off.
+
 Reported, all from the same run:
   - producer: changes/s from its start until the slot confirms the backlog (the baseline);
   - consumer: changes/s from its start until the lake has applied the backlog, run as
@@ -180,12 +183,17 @@ def main() -> None:
                 "benchcatchup",
             ) as p,
         ):
-            # The first start creates the slot; the opening rows stream then, and the
-            # consumer applies them with the backlog.
+            # The first start creates the slot; the opening rows stream then, and a consumer
+            # in a process of its own applies them (untimed). So the timed consumer, like the
+            # producer, has only the backlog to do, from where a consumer left off, and its
+            # JVM's first batch is still the first one (cold).
             p.start_producer()
             fill(dsn, s, args.accounts)
             p.wait_published(600)
             p.producer.stop()
+            opening = p.consumer_process("--available-now", log_name="opening")
+            if opening.wait(timeout=900) != 0:
+                raise SystemExit(f"the opening rows' consumer failed:\n{p.log('opening')}")
             t0 = time.perf_counter()
             sql(
                 dsn,
@@ -244,8 +252,7 @@ def main() -> None:
                 if query.exception() is not None:
                     raise SystemExit(f"the consumer failed: {query.exception()}")
             applied = marks[-1][0] if marks else 0
-            # The opening rows (3 transactions) came before the backlog.
-            if applied < args.transactions:
+            if applied != args.transactions:
                 raise SystemExit(f"applied {applied} transactions of {args.transactions}")
             print(
                 f"consumer: {changes} changes in {consumer_s:.1f} s, "
