@@ -39,7 +39,11 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from pyspark.sql import SparkSession
 
 from spark_consumer.batch import BatchProcessor, BatchReport
-from spark_consumer.config import DEFAULT_LAKE_REWRITE_BELOW_BYTES, ConsumerConfig
+from spark_consumer.config import (
+    DEFAULT_LAKE_REWRITE_BELOW_BYTES,
+    DEFAULT_MERGE_THREADS,
+    ConsumerConfig,
+)
 from spark_consumer.session import build_session
 from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import ColumnSpec, EventWriter, TableSpec, registry_client
@@ -73,6 +77,7 @@ class Run:
         lake: str,
         rows: int,
         rewrite_below: int,
+        threads: int,
     ) -> None:
         self.spark = spark
         self.writer = writer
@@ -88,6 +93,7 @@ class Run:
             trigger=None,
             available_now=True,
             lake_rewrite_below_bytes=rewrite_below,
+            merge_threads=threads,
         )
 
     def batch(
@@ -132,8 +138,9 @@ def consumer_round(
     rows: int,
     tag: str,
     rewrite_below: int = DEFAULT_LAKE_REWRITE_BELOW_BYTES,
+    threads: int = DEFAULT_MERGE_THREADS,
 ) -> dict[str, tuple[float, BatchReport]]:
-    run = Run(spark, writer, url, f"{tmp}/{tag}", rows, rewrite_below)
+    run = Run(spark, writer, url, f"{tmp}/{tag}", rows, rewrite_below, threads)
     proc = BatchProcessor(spark, run.cfg, WriterSchemas(client))
     tables = specs(n, tag)
     out = {}
@@ -166,6 +173,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tables", type=int, nargs="+", default=[10, 100, 300])
     ap.add_argument("--rows", type=int, default=3, help="rows per table per batch (>= 2)")
+    ap.add_argument(
+        "--merge-threads",
+        type=int,
+        default=DEFAULT_MERGE_THREADS,
+        help="the consumer's --merge-threads, and the plain appends' threads",
+    )
     ap.add_argument("--warmup", type=int, default=10, help="tables of the untimed warm-up round")
     ap.add_argument(
         "--lake-rewrite-below-bytes",
@@ -180,14 +193,7 @@ def main() -> None:
     client = registry_client(url)
     writer = EventWriter(client, PREFIX)
     with tempfile.TemporaryDirectory() as tmp:
-        threads = ConsumerConfig(
-            kafka_bootstrap="-",
-            schema_registry_url=url,
-            topic_prefix=PREFIX,
-            lake_path=tmp,
-            checkpoint_path=tmp,
-            trigger=None,
-        ).merge_threads
+        threads = args.merge_threads
         if args.warmup:
             t0 = time.perf_counter()
             consumer_round(
@@ -200,6 +206,7 @@ def main() -> None:
                 args.rows,
                 "warm",
                 args.lake_rewrite_below_bytes,
+                threads,
             )
             plain_appends(spark, f"{tmp}/plain-warm", args.warmup, args.rows, threads)
             print(f"warm-up ({args.warmup} tables, untimed): {time.perf_counter() - t0:.1f} s")
@@ -214,6 +221,7 @@ def main() -> None:
                 args.rows,
                 f"n{n}",
                 args.lake_rewrite_below_bytes,
+                threads,
             )
             plain = plain_appends(spark, f"{tmp}/plain-{n}", n, args.rows, threads)
             for kind, (secs, report) in got.items():

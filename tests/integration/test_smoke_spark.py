@@ -75,3 +75,13 @@ def test_shuffle_partitions_default_to_the_cores(spark: SparkSession) -> None:
         )
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
+
+
+def test_the_driver_jvm_runs_the_configured_collector(spark: SparkSession) -> None:
+    """WALBRIDGE_SPARK_DRIVER_JAVA_OPTIONS (default: the parallel collector) reaches the JVM
+    the session started (`local[...]`: it runs the executors too)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    names = {beans.get(i).getName() for i in range(beans.size())}
+    assert names == {"PS Scavenge", "PS MarkSweep"}, names
