@@ -58,8 +58,8 @@ from spark_consumer.union import union_all
 # sorts instead: both the hashing and the sort were paid. A sort aggregate sorts at once. 1M
 # summary rows alone: 2.9 s against 2.4 s; a 300k-transaction catch-up
 # (bench_consumer_catchup.py, runs alternating): 66.7 and 69.1 s against 60.3 and 64.2 s. Only
-# for the summary's jobs (`summary_settings`): where groups are few and large (Delta's deletion-vector
-# bitmaps per file) the hash map is the faster.
+# for the summary's jobs (`summary_settings`): where groups are few and large (Delta's
+# deletion-vector bitmaps per file) the hash map is the faster.
 _OBJECT_HASH_AGGREGATE = "spark.sql.execution.useObjectHashAggregateExec"
 _ADAPTIVE = "spark.sql.adaptive.enabled"
 
