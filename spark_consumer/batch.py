@@ -518,7 +518,7 @@ class BatchProcessor:
 
         tables = self._decode_tables(raw, framing.topics, persisted)
         marker_df = self._decode_markers(raw, framing.marker_ids, persisted)
-        with transaction_stats.summary_settings(self.spark):
+        with transaction_stats.summary_settings(framed.sparkSession):
             stats = transaction_stats.collect(
                 [(t.events, t.key[0] if t.key else None) for t in tables.values()],
                 marker_df,
@@ -534,7 +534,7 @@ class BatchProcessor:
             quarantined += self._reject_decoded(tables, marker_df, raw, batch_id)
             step("reject")
 
-        with transaction_stats.summary_settings(self.spark):
+        with transaction_stats.summary_settings(framed.sparkSession):
             plan = stats.plan(before.commit_lsn)
         if (
             stale(plan.pending, now_ms, cfg.max_pending_age_s)
@@ -788,7 +788,7 @@ class BatchProcessor:
                 for t in tables.values()
             ]
             + [marker_df.filter(F.col(OK) & later).select(*coords)],
-        ).coalesce(self.spark.sparkContext.defaultParallelism)  # see transaction_stats.collect
+        )
         if plan.pending_records <= _BROADCAST_PENDING:
             # Spark cannot know that so few rows wait (their frames are cached whole), so it
             # shuffled the whole batch, payloads and all, to join them: ~0.8 s per catch-up batch.

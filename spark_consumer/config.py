@@ -225,7 +225,8 @@ class SparkSettings:
     driver_java_options: str = setting(
         "-XX:+UseParallelGC",
         env="WALBRIDGE_SPARK_DRIVER_JAVA_OPTIONS",
-        help='spark.driver.defaultJavaOptions of a driver JVM this process starts ("" = none)',
+        help="spark.driver.defaultJavaOptions of a local[...] driver JVM this process starts "
+        '("" = none)',
     )
     connector_version: str = setting(
         "",

@@ -133,7 +133,8 @@ def build_session(
             packages.append(object_store.s3a_package(object_store.hadoop_version(jars)))
         for key, value in object_store.s3a_conf(env).items():
             builder = builder.config(key, value)
-    if settings.driver_java_options:
+    if settings.driver_java_options and (master or settings.master).startswith("local"):
+        # Only where the driver's JVM runs the executors too (config.SparkSettings says why).
         builder = builder.config("spark.driver.defaultJavaOptions", settings.driver_java_options)
     builder = builder.config("spark.jars.packages", ",".join(packages))
     for key, value in (extra_conf or {}).items():

@@ -62,6 +62,8 @@ from spark_consumer.union import union_all
 # deletion-vector bitmaps per file) the hash map is the faster.
 _OBJECT_HASH_AGGREGATE = "spark.sql.execution.useObjectHashAggregateExec"
 _ADAPTIVE = "spark.sql.adaptive.enabled"
+# A summary over more tables than this reads its union in one task per core (`collect`).
+_COALESCE_ABOVE_PARTS = 16
 
 NOT_DECODED = "Avro body does not decode with its writer schema"
 NO_TRANSACTION = "data event without transaction block or commit_lsn"
@@ -81,14 +83,14 @@ class BadRecord:
 @contextmanager
 def summary_settings(spark: SparkSession) -> Iterator[None]:
     """Around the summary's jobs (`collect`, `SparkStats.plan`): sort aggregates, and no
-    adaptive execution. Session settings: the batch runs no other job meanwhile (a Delta
-    checkpoint on the background thread may, and would merely sort as well, or plan without
-    adaptive execution, which it has no shuffle to use for).
+    adaptive execution. `spark` must be the session of the batch's frames: in a streaming
+    query that is the query's own copy of the consumer's session (settings made on the
+    consumer's session do not reach it). Session settings: the batch runs no other job on it
+    meanwhile.
 
-    Adaptive execution materializes every cached frame a query reads as a query stage of its
-    own, one Spark job each: a summary over 100 tables ran about 100 jobs before its own. The
-    summary has no join for it to choose and coalesces its union itself (`collect`); without
-    it, the tasks that read the union fill the tables' caches as they go."""
+    A streaming query's session already runs without adaptive execution; a batch handed
+    frames of another session (the benchmarks, tests) would materialize every table's cache in
+    a Spark job of its own before the summary's, about 100 jobs for 100 tables."""
     with (
         session_conf.changed(spark, _OBJECT_HASH_AGGREGATE, "false"),
         session_conf.changed(spark, _ADAPTIVE, "false"),
@@ -297,10 +299,13 @@ def collect(
     parts = [_data_rows(df, key, watermark, cache) for df, key in tables] + [
         _marker_rows(markers, watermark, cache)
     ]
-    # The union has a partition for each of every table's, and each task reading one
-    # deserializes the whole union's lineage: tables x tables work, most of a batch touching
-    # hundreds of tables. One partition per core reads them all in a few tasks.
-    rows = union_all(parts).coalesce(markers.sparkSession.sparkContext.defaultParallelism)
+    rows = union_all(parts)
+    if len(parts) > _COALESCE_ABOVE_PARTS:
+        # The union has a partition for each of every table's, and each task reading one
+        # deserializes the whole union's lineage: tables x tables work in a batch touching
+        # hundreds of tables. One partition per core reads them in a few tasks. Not for a few
+        # tables: there each partition keeps a task of its own, spread over the cores.
+        rows = rows.coalesce(markers.sparkSession.sparkContext.defaultParallelism)
     if in_spark:
         # Spread by transaction before aggregating: both aggregations (per transaction and
         # table, then per transaction) then find their groups together, one exchange and one

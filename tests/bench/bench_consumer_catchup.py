@@ -192,7 +192,13 @@ def main() -> None:
             p.wait_published(600)
             p.producer.stop()
             opening = p.consumer_process("--available-now", log_name="opening")
-            if opening.wait(timeout=900) != 0:
+            try:
+                status = opening.wait(timeout=900)
+            finally:
+                if opening.poll() is None:  # timed out: it must not write on
+                    opening.kill()
+                    opening.wait()
+            if status != 0:
                 raise SystemExit(f"the opening rows' consumer failed:\n{p.log('opening')}")
             t0 = time.perf_counter()
             sql(

@@ -14,6 +14,9 @@ Baseline, in the same run: a plain Delta append of --rows rows (a local DataFram
 tables of their own that already exist, on the consumer's own thread count
 (`merge_threads`): what writing a few rows to N Delta tables costs at the least.
 
+Each batch's frame belongs to a copy of the session without adaptive execution, as the frames a
+streaming query hands foreachBatch do.
+
 A warm-up round (N = --warmup tables, untimed) runs first, so the JIT and Spark's code caches
 are warm for both sides.
 
@@ -83,6 +86,12 @@ class Run:
         self.writer = writer
         self.rows = rows
         self.log = KafkaLog()
+        # The batches' frames come from a copy of the session without adaptive execution, as a
+        # streaming query's do: Spark runs each query on a copy of the session (cloneSession),
+        # with adaptive execution off, and hands foreachBatch frames of that copy.
+        jclone = spark._jsparkSession.cloneSession()  # type: ignore[attr-defined]
+        self.stream_session = SparkSession(spark.sparkContext, jsparkSession=jclone)
+        self.stream_session.conf.set("spark.sql.adaptive.enabled", "false")
         self.xid = 1
         self.cfg = ConsumerConfig(
             kafka_bootstrap="-",
@@ -118,7 +127,7 @@ class Run:
             records += tx.records()
         # As the Kafka source gives it: one partition per topic partition (here one per table
         # topic, plus the transaction topic's).
-        df = self.log.frame(self.spark, records)
+        df = self.log.frame(self.stream_session, records)
         df = df.repartition(len(tables) + 1, "topic").persist()
         df.count()
         t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 
+from spark_consumer.config import SparkSettings
 from spark_consumer.session import build_session
 
 
@@ -80,6 +82,8 @@ def test_shuffle_partitions_default_to_the_cores(spark: SparkSession) -> None:
 def test_the_driver_jvm_runs_the_configured_collector(spark: SparkSession) -> None:
     """WALBRIDGE_SPARK_DRIVER_JAVA_OPTIONS (default: the parallel collector) reaches the JVM
     the session started (`local[...]`: it runs the executors too)."""
+    if SparkSettings.from_env(os.environ).driver_java_options != "-XX:+UseParallelGC":
+        pytest.skip("WALBRIDGE_SPARK_DRIVER_JAVA_OPTIONS is set to something else here")
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
