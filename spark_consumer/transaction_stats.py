@@ -58,7 +58,8 @@ from spark_consumer.union import union_all
 # sorts instead: both the hashing and the sort were paid. A sort aggregate sorts at once. 1M
 # summary rows alone: 2.9 s against 2.4 s. A 1M-transaction catch-up (bench_consumer_catchup.py,
 # one run each) spent 49 s in decode+summary while the setting went to the consumer's session,
-# which the streaming query's frames do not use, and 41 s once it reached theirs. Only
+# which the streaming query's frames do not use, and 41 s once it reached theirs (that run
+# also stopped coalescing a union of few tables, see `collect`). Only
 # for the summary's jobs (`summary_settings`): where groups are few and large (Delta's
 # deletion-vector bitmaps per file) the hash map is the faster.
 _OBJECT_HASH_AGGREGATE = "spark.sql.execution.useObjectHashAggregateExec"
