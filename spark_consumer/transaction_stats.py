@@ -59,9 +59,9 @@ from spark_consumer.union import union_all
 # summary rows alone: 2.9 s against 2.4 s. A 1M-transaction catch-up (bench_consumer_catchup.py,
 # one run each) spent 49 s in decode+summary while the setting went to the consumer's session,
 # which the streaming query's frames do not use, and 41 s once it reached theirs (that run
-# also stopped coalescing a union of few tables, see `collect`). Only
-# for the summary's jobs (`summary_settings`): where groups are few and large (Delta's
-# deletion-vector bitmaps per file) the hash map is the faster.
+# also stopped coalescing a union of few tables, see `collect`). Only for the summary's jobs
+# (`summary_settings`): where groups are few and large (Delta's deletion-vector bitmaps per
+# file) the hash map is the faster.
 _OBJECT_HASH_AGGREGATE = "spark.sql.execution.useObjectHashAggregateExec"
 _ADAPTIVE = "spark.sql.adaptive.enabled"
 # A summary over more tables than this reads its union in one task per core (`collect`).
@@ -189,8 +189,8 @@ def _nonempty(array: Column) -> Column:
 
 
 def _group_columns() -> list[Column]:
-    # The transaction first: the groups come out sorted by it, which is the order the
-    # per-transaction aggregation over them (`stats_of`) needs.
+    # The transaction first: the key a large batch's rows are spread by (`collect`), and the
+    # one the per-transaction aggregation over the groups (`stats_of`) groups by.
     return [F.col(c) for c in ("tx", "kind", "bad", "coll", "topic")]
 
 

@@ -11,9 +11,9 @@ def union_all(frames: Sequence[DataFrame], *, allow_missing: bool = False) -> Da
     """The union by column name of `frames` (at least one), built as a balanced tree.
 
     Every union call analyses the whole plan it makes (Spark's DeduplicateRelations walks it),
-    so folding N frames one by one costs O(N²): planning one batch's summary over 200 tables
-    took 10 s on the driver before its job started, 100 s over 300 tables. Halving the list
-    at each level makes it O(N log N)."""
+    so folding N frames one by one costs O(N²) on the driver: a summary over 200 tiny cached
+    tables took 10.0 s folded and 5.2 s balanced, mostly analysis. Halving the list at each
+    level makes it O(N log N)."""
     if not frames:
         raise ValueError("union_all needs at least one frame")
     level = list(frames)
