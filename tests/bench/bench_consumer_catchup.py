@@ -42,7 +42,6 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from functools import reduce
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -55,6 +54,7 @@ from spark_consumer.config import ConsumerConfig
 from spark_consumer.framing import body_col, schema_id_col
 from spark_consumer.session import build_session
 from spark_consumer.source import start
+from spark_consumer.union import union_all
 from spark_consumer.writer_schemas import WriterSchemas
 from tests.bench.bench_verify import Peak, rss_kb
 from tests.e2e.harness import pipeline
@@ -129,7 +129,7 @@ def ceiling(spark: SparkSession, config: ConsumerConfig, topics: list[str], out:
     # clock starts: a consumer learns them once.
     vids = {
         r["topic"]: r["vid"]
-        for r in reduce(DataFrame.unionByName, [read(t) for t in topics])
+        for r in union_all([read(t) for t in topics])
         .select("topic", schema_id_col("value").alias("vid"))
         .distinct()
         .collect()
