@@ -9,15 +9,20 @@ inside PostgreSQL (a procedure committing each one) while the producer is stoppe
 the whole backlog when it starts.
 
 The opening rows (the accounts, tellers and branches) stream before the backlog and a consumer
-in a process of its own applies them, untimed: the timed consumer starts where it left off.
+in a process of its own applies them, untimed: the timed consumer starts where it left off, on
+a JVM whose first batch it is (cold, as after a restart). `--warm-jvm N` instead writes N
+transactions of the same shape after the opening rows and applies both in this process first,
+untimed: the timed consumer then runs on a JVM that has compiled the batch path already, which
+separates the JIT's warm-up from the steady rate.
 
 Reported, all from the same run:
   - producer: changes/s from its start until the slot confirms the backlog (the baseline);
   - consumer: changes/s from its start until the lake has applied the backlog, run as
     --available-now (the backlog in batches of the default caps, --max-offsets-per-trigger,
     then stop) in a session already up, and the ratio consumer ÷ producer (target >= 1);
-  - the consumer's seconds per 100k transactions, first to last, and the largest and smallest
-    ÷ the median (target: flat within ±20 %: every step linear in its work);
+  - the consumer's seconds per 100k transactions, batch by batch, and the largest and smallest
+    ÷ the median (target: flat within ±20 %: every step linear in its work; a last batch of
+    less than half the usual transactions, the backlog's remainder, is left out of the ratios);
   - the batches' time per step (framing, decode+summary, merge, pending, ...), summed;
   - a ceiling for any consumer built on Spark, measured after the catch-up on the warm JVM:
     Spark's Kafka source reading the same backlog, `from_avro` decoding every record and a
@@ -157,7 +162,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transactions", type=int, default=1_000_000)
     ap.add_argument("--accounts", type=int, default=100_000)
-    ap.add_argument("--step", type=int, default=100_000, help="transactions per timed step")
+    ap.add_argument(
+        "--warm-jvm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="apply the opening rows and N transactions in this process first (untimed), so "
+        "the timed consumer's JVM is warm (default 0: a cold JVM, the opening rows applied in "
+        "a process of its own)",
+    )
     ap.add_argument(
         "--max-offsets-per-trigger",
         type=int,
@@ -184,22 +197,48 @@ def main() -> None:
             ) as p,
         ):
             # The first start creates the slot; the opening rows stream then, and a consumer
-            # in a process of its own applies them (untimed). So the timed consumer, like the
-            # producer, has only the backlog to do, from where a consumer left off, and its
-            # JVM's first batch is still the first one (cold).
+            # applies them (untimed), in a process of its own unless --warm-jvm. So the timed
+            # consumer, like the producer, has only the backlog to do, from where a consumer
+            # left off; without --warm-jvm its JVM's first batch is still the first one (cold).
             p.start_producer()
             fill(dsn, s, args.accounts)
+            if args.warm_jvm:
+                sql(
+                    dsn,
+                    "SET synchronous_commit = off",
+                    f"CALL {s}.tpcb({args.warm_jvm}, {args.accounts})",
+                )
             p.wait_published(600)
             p.producer.stop()
-            opening = p.consumer_process("--available-now", log_name="opening")
-            try:
-                status = opening.wait(timeout=900)
-            finally:
-                if opening.poll() is None:  # timed out: it must not write on
-                    opening.kill()
-                    opening.wait()
-            if status != 0:
-                raise SystemExit(f"the opening rows' consumer failed:\n{p.log('opening')}")
+            caps = (
+                {}
+                if args.max_offsets_per_trigger is None
+                else {"max_offsets_per_trigger": args.max_offsets_per_trigger}
+            )
+            if args.warm_jvm:
+                warm = p.processor(trigger=None, available_now=True, **caps)
+                warm_query = start(spark, warm.config, warm)
+                warm_query.awaitTermination(900)
+                if warm_query.isActive:
+                    warm_query.stop()
+                    raise SystemExit("the warm-up consumer did not finish in 900 s")
+                if warm_query.exception() is not None:
+                    raise SystemExit(f"the warm-up consumer failed: {warm_query.exception()}")
+                print(
+                    f"JVM warm: the opening rows and {args.warm_jvm} transactions applied in "
+                    f"this process first, in {len(warm.reports)} batches",
+                    flush=True,
+                )
+            else:
+                opening = p.consumer_process("--available-now", log_name="opening")
+                try:
+                    status = opening.wait(timeout=900)
+                finally:
+                    if opening.poll() is None:  # timed out: it must not write on
+                        opening.kill()
+                        opening.wait()
+                if status != 0:
+                    raise SystemExit(f"the opening rows' consumer failed:\n{p.log('opening')}")
             t0 = time.perf_counter()
             sql(
                 dsn,
@@ -223,11 +262,6 @@ def main() -> None:
                 flush=True,
             )
 
-            caps = (
-                {}
-                if args.max_offsets_per_trigger is None
-                else {"max_offsets_per_trigger": args.max_offsets_per_trigger}
-            )
             proc = p.processor(trigger=None, available_now=True, **caps)
             jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
             marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
@@ -266,23 +300,36 @@ def main() -> None:
                 f"ratio consumer ÷ producer {producer_s / consumer_s:.2f}",
                 flush=True,
             )
-            # A step ends with the batch that crosses its boundary; a batch crossing several
-            # (batches larger than a step) shares its time among them.
-            steps: list[float] = []
-            last_s, boundary = 0.0, args.step
+            # Flatness: each batch's wall time (from the previous batch's end, the first from
+            # the query's start) per 100k transactions it applied. The last batch takes the
+            # backlog's remainder, often a few thousand transactions, where a batch's fixed
+            # costs (a MERGE per table, the progress commit) are all there is: it is left out of
+            # the ratios when it holds less than half the median batch's transactions.
+            per_batch: list[tuple[float, int]] = []  # (seconds per 100k transactions, count)
+            prev_total, prev_at = 0, 0.0
             for total, at in marks:
-                crossed = 0
-                while total >= boundary:
-                    crossed, boundary = crossed + 1, boundary + args.step
-                steps += [(at - last_s) / crossed] * crossed if crossed else []
-                last_s = at if crossed else last_s
-            if steps:
-                med = statistics.median(steps)
+                if total > prev_total:
+                    per_batch.append(
+                        ((at - prev_at) * 100_000 / (total - prev_total), total - prev_total)
+                    )
+                prev_total, prev_at = total, at
+            if per_batch:
+                typical = statistics.median(n for _, n in per_batch)
+                counted = per_batch
+                if len(per_batch) > 1 and per_batch[-1][1] < typical / 2:
+                    counted = per_batch[:-1]
+                med = statistics.median(x for x, _ in counted)
+                left_out = (
+                    ""
+                    if counted is per_batch
+                    else f" (the last, {per_batch[-1][1]} transactions of remainder, left out)"
+                )
                 print(
-                    f"seconds per {args.step:,} transactions, first to last: "
-                    + ", ".join(f"{x:.1f}" for x in steps)
-                    + f"; max ÷ median {max(steps) / med:.2f}, min ÷ median "
-                    f"{min(steps) / med:.2f} (the first includes the JVM's first batch)"
+                    "seconds per 100k transactions, batch by batch: "
+                    + ", ".join(f"{x:.1f}" for x, _ in per_batch)
+                    + f"; max ÷ median {max(x for x, _ in counted) / med:.2f}, min ÷ median "
+                    f"{min(x for x, _ in counted) / med:.2f}{left_out}"
+                    + ("" if args.warm_jvm else "; the first is the JVM's first batch (cold)")
                 )
             # Where the batches' time went, step by step (BatchReport.steps), summed over
             # the run: what to cut next.
