@@ -1,10 +1,11 @@
 """Where a cold consumer JVM's CPU goes: the catch-up benchmark, with the JVM's threads sampled.
 
 Runs `bench_consumer_catchup.py` (same arguments) in this process and, every --every seconds,
-reads the CPU time of each thread of the Spark JVM from /proc, summed by kind: HotSpot's C2 and
-C1 compiler threads, the garbage collector's, Spark's task threads and the rest. Reading /proc
-costs the JVM nothing (a JVM attach tool such as jstat starts a JVM of its own each time, which
-takes CPU from the run it measures).
+reads the CPU time of each thread of the Spark JVM from /proc and prints what each kind used in
+the interval: HotSpot's C2 and C1 compiler threads, the garbage collector's, Spark's task
+threads and the rest (a thread that ended within the interval misses its last moments).
+Reading /proc costs the JVM nothing, where a JVM attach tool such as jstat starts a JVM of its
+own each time and takes CPU from the run it measures.
 
     .walbridge/venv/bin/python tests/bench/bench_catchup_jit.py --transactions 300000
 
@@ -35,29 +36,41 @@ _KINDS = (("C2 ", "c2"), ("C1 ", "c1"), ("Executor task", "task"))
 
 
 def kind(name: str) -> str:
+    """The kind of a JVM thread, by the name HotSpot or Spark gave it."""
     for prefix, k in _KINDS:
         if name.startswith(prefix):
             return k
-    return "gc" if "GC" in name else "other"
+    return "gc" if "GC" in name or name.startswith("G1 ") else "other"
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of each live thread of `pid`, summed by kind. A thread that
-    ended since the last sample takes its time with it: intervals can show less than was used."""
-    total: dict[str, float] = {}
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of `pid`: its kind and CPU seconds so far (user + system)."""
+    threads: dict[int, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
         except OSError:
             continue  # the thread ended meanwhile
+        # The name sits between the first "(" and the last ")": it may hold either.
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        k = kind(name)
-        total[k] = total.get(k, 0.0) + (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-    return total
+        threads[int(task.name)] = (kind(name), (int(fields[11]) + int(fields[12])) / _TICKS)
+    return threads
+
+
+def spent(
+    before: dict[int, tuple[str, float]], now: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds each kind used between two samples, thread by thread: a new thread counts
+    from zero; a thread that ended meanwhile loses only its time since `before`."""
+    total: dict[str, float] = {}
+    for tid, (k, cpu) in now.items():
+        total[k] = total.get(k, 0.0) + cpu - (before[tid][1] if tid in before else 0.0)
+    return {k: round(v, 1) for k, v in sorted(total.items())}
 
 
 def sample(spark: SparkSession, every: float) -> None:
+    """Print each kind's CPU seconds every `every` seconds until the JVM is gone."""
     pid: int = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
     t0, last = time.perf_counter(), thread_cpu(pid)
     while True:
@@ -66,8 +79,7 @@ def sample(spark: SparkSession, every: float) -> None:
             now = thread_cpu(pid)
         except OSError:
             return  # the JVM is gone
-        spent = {k: round(now.get(k, 0.0) - last.get(k, 0.0), 1) for k in sorted(now | last)}
-        print(f"threads t={time.perf_counter() - t0:.0f} {spent}", flush=True)
+        print(f"threads t={time.perf_counter() - t0:.0f} {spent(last, now)}", flush=True)
         last = now
 
 

@@ -51,10 +51,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.avro.functions import from_avro
+from pyspark.sql.streaming import StreamingQuery
 
 from schemas.topics import transaction_topic
+from spark_consumer.batch import BatchReport
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.framing import body_col, schema_id_col
 from spark_consumer.session import build_session
@@ -158,6 +161,66 @@ def ceiling(spark: SparkSession, config: ConsumerConfig, topics: list[str], out:
     return time.perf_counter() - t0
 
 
+class _Stamped(list[BatchReport]):
+    """A processor's report list that notes when each report arrives: its batch's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []  # time.perf_counter() of each append
+
+    def append(self, report: BatchReport) -> None:
+        self.at.append(time.perf_counter())
+        super().append(report)
+
+
+def run_to_end(query: StreamingQuery, what: str, timeout_s: int) -> None:
+    """Wait for an --available-now query; stop on its failure or when it outlasts timeout_s."""
+    try:
+        ended = query.awaitTermination(timeout_s)
+    except StreamingQueryException as e:  # awaitTermination raises the query's failure
+        raise SystemExit(f"{what} failed: {e}") from e
+    if not ended:
+        query.stop()
+        raise SystemExit(f"{what} did not finish in {timeout_s} s")
+
+
+def flatness(reports: _Stamped, t0: float, *, warm: bool) -> str:
+    """Each batch's wall time (from the previous batch's end, the first from the query's
+    start at t0) per 100k transactions it applied, and the largest and smallest ÷ the median.
+
+    The last batch takes the backlog's remainder, often a few thousand transactions, where a
+    batch's fixed costs (a MERGE per table, the progress commit) are all there is: it is left
+    out of the ratios when it holds less than half the median batch's transactions. A batch
+    that applied nothing (all its transactions cut by the cap) adds its time to the next.
+    """
+    per_batch: list[tuple[float, int]] = []  # (seconds per 100k transactions, transactions)
+    since = t0
+    for r, at in zip(reports, reports.at, strict=True):
+        if r.applied_transactions:
+            per_batch.append(
+                ((at - since) * 100_000 / r.applied_transactions, r.applied_transactions)
+            )
+            since = at
+    if not per_batch:
+        return "no batch applied a transaction"
+    typical = statistics.median(n for _, n in per_batch)
+    remainder = len(per_batch) > 1 and per_batch[-1][1] < typical / 2
+    counted = per_batch[:-1] if remainder else per_batch
+    med = statistics.median(x for x, _ in counted)
+    return (
+        "seconds per 100k transactions, batch by batch: "
+        + ", ".join(f"{x:.1f}" for x, _ in per_batch)
+        + f"; max ÷ median {max(x for x, _ in counted) / med:.2f}, min ÷ median "
+        + f"{min(x for x, _ in counted) / med:.2f}"
+        + (
+            f" (the last, {per_batch[-1][1]} transactions of remainder, left out)"
+            if remainder
+            else ""
+        )
+        + ("" if warm else "; the first is the JVM's first batch (cold)")
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transactions", type=int, default=1_000_000)
@@ -178,6 +241,8 @@ def main() -> None:
         help="the consumer's batch cap (default: its own default)",
     )
     args = ap.parse_args()
+    # Each line as it is printed, in order with other writers to the same pipe.
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     s = f"bench_catchup_{uuid.uuid4().hex[:8]}"
     tables = create(dsn, s)
@@ -217,13 +282,10 @@ def main() -> None:
             )
             if args.warm_jvm:
                 warm = p.processor(trigger=None, available_now=True, **caps)
-                warm_query = start(spark, warm.config, warm)
-                warm_query.awaitTermination(900)
-                if warm_query.isActive:
-                    warm_query.stop()
-                    raise SystemExit("the warm-up consumer did not finish in 900 s")
-                if warm_query.exception() is not None:
-                    raise SystemExit(f"the warm-up consumer failed: {warm_query.exception()}")
+                try:
+                    run_to_end(start(spark, warm.config, warm), "the warm-up consumer", 900)
+                finally:
+                    warm.close()
                 print(
                     f"JVM warm: the opening rows and {args.warm_jvm} transactions applied in "
                     f"this process first, in {len(warm.reports)} batches",
@@ -263,8 +325,11 @@ def main() -> None:
             )
 
             proc = p.processor(trigger=None, available_now=True, **caps)
+            # Each batch's end, to the instant: the processor appends its report as the batch
+            # function returns (polling for it would be up to a second late).
+            reports = _Stamped()
+            proc.reports = reports
             jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
-            marks: list[tuple[int, float]] = []  # (transactions applied, seconds)
             # (batches done, RSS MB of the Python driver, of the JVM, the Python driver's peak
             # since the last sample), sampled within a second of a batch's end: bounded memory
             # shows as a plateau, whatever backlog is left.
@@ -273,64 +338,35 @@ def main() -> None:
                 t0 = time.perf_counter()
                 query = start(spark, proc.config, proc)
                 seen = 0
-                while query.isActive:
-                    query.awaitTermination(1)
-                    for r in proc.reports[seen:]:
-                        total = (marks[-1][0] if marks else 0) + r.applied_transactions
-                        marks.append((total, time.perf_counter() - t0))
-                    if len(proc.reports) > seen:
-                        after_batch.append(
-                            (
-                                len(proc.reports),
-                                rss_kb(os.getpid()) // 1024,
-                                rss_kb(jvm) // 1024,
-                                peak.since("python") // 1024,
+                try:
+                    while query.isActive:
+                        query.awaitTermination(1)
+                        done = len(reports)
+                        if done > seen:
+                            after_batch.append(
+                                (
+                                    done,
+                                    rss_kb(os.getpid()) // 1024,
+                                    rss_kb(jvm) // 1024,
+                                    peak.since("python") // 1024,
+                                )
                             )
-                        )
-                    seen = len(proc.reports)
+                        seen = done
+                except StreamingQueryException as e:
+                    raise SystemExit(f"the consumer failed: {e}") from e
+                finally:
+                    proc.close()
                 consumer_s = time.perf_counter() - t0
-                if query.exception() is not None:
-                    raise SystemExit(f"the consumer failed: {query.exception()}")
-            applied = marks[-1][0] if marks else 0
+            applied = sum(r.applied_transactions for r in reports)
             if applied != args.transactions:
                 raise SystemExit(f"applied {applied} transactions of {args.transactions}")
             print(
                 f"consumer: {changes} changes in {consumer_s:.1f} s, "
-                f"{changes / consumer_s:,.0f} changes/s over {len(marks)} batches; "
+                f"{changes / consumer_s:,.0f} changes/s over {len(reports)} batches; "
                 f"ratio consumer ÷ producer {producer_s / consumer_s:.2f}",
                 flush=True,
             )
-            # Flatness: each batch's wall time (from the previous batch's end, the first from
-            # the query's start) per 100k transactions it applied. The last batch takes the
-            # backlog's remainder, often a few thousand transactions, where a batch's fixed
-            # costs (a MERGE per table, the progress commit) are all there is: it is left out of
-            # the ratios when it holds less than half the median batch's transactions.
-            per_batch: list[tuple[float, int]] = []  # (seconds per 100k transactions, count)
-            prev_total, prev_at = 0, 0.0
-            for total, at in marks:
-                if total > prev_total:
-                    per_batch.append(
-                        ((at - prev_at) * 100_000 / (total - prev_total), total - prev_total)
-                    )
-                prev_total, prev_at = total, at
-            if per_batch:
-                typical = statistics.median(n for _, n in per_batch)
-                counted = per_batch
-                if len(per_batch) > 1 and per_batch[-1][1] < typical / 2:
-                    counted = per_batch[:-1]
-                med = statistics.median(x for x, _ in counted)
-                left_out = (
-                    ""
-                    if counted is per_batch
-                    else f" (the last, {per_batch[-1][1]} transactions of remainder, left out)"
-                )
-                print(
-                    "seconds per 100k transactions, batch by batch: "
-                    + ", ".join(f"{x:.1f}" for x, _ in per_batch)
-                    + f"; max ÷ median {max(x for x, _ in counted) / med:.2f}, min ÷ median "
-                    f"{min(x for x, _ in counted) / med:.2f}{left_out}"
-                    + ("" if args.warm_jvm else "; the first is the JVM's first batch (cold)")
-                )
+            print(flatness(reports, t0, warm=args.warm_jvm > 0), flush=True)
             # Where the batches' time went, step by step (BatchReport.steps), summed over
             # the run: what to cut next.
             totals: dict[str, float] = {}
