@@ -54,7 +54,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.avro.functions import from_avro
-from pyspark.sql.streaming import StreamingQuery
 
 from schemas.topics import transaction_topic
 from spark_consumer.batch import BatchReport
@@ -173,17 +172,6 @@ class _Stamped(list[BatchReport]):
         super().append(report)
 
 
-def run_to_end(query: StreamingQuery, what: str, timeout_s: int) -> None:
-    """Wait for an --available-now query; stop on its failure or when it outlasts timeout_s."""
-    try:
-        ended = query.awaitTermination(timeout_s)
-    except StreamingQueryException as e:  # awaitTermination raises the query's failure
-        raise SystemExit(f"{what} failed: {e}") from e
-    if not ended:
-        query.stop()
-        raise SystemExit(f"{what} did not finish in {timeout_s} s")
-
-
 def flatness(reports: _Stamped, t0: float, *, warm: bool) -> str:
     """Each batch's wall time (from the previous batch's end, the first from the query's
     start at t0) per 100k transactions it applied, and the largest and smallest ÷ the median.
@@ -281,11 +269,8 @@ def main() -> None:
                 else {"max_offsets_per_trigger": args.max_offsets_per_trigger}
             )
             if args.warm_jvm:
-                warm = p.processor(trigger=None, available_now=True, **caps)
-                try:
-                    run_to_end(start(spark, warm.config, warm), "the warm-up consumer", 900)
-                finally:
-                    warm.close()
+                warm = p.consume_available(timeout=900, trigger=None, available_now=True, **caps)
+                warm.close()
                 print(
                     f"JVM warm: the opening rows and {args.warm_jvm} transactions applied in "
                     f"this process first, in {len(warm.reports)} batches",

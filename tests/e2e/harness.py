@@ -113,9 +113,16 @@ class Pipeline:
         schemas = WriterSchemas.from_url(self.registry, config.registry_config)
         return BatchProcessor(self.spark, config, schemas)
 
-    def consume_available(self, **overrides: Any) -> BatchProcessor:
+    def consume_available(self, timeout: int | None = None, **overrides: Any) -> BatchProcessor:
+        """Run a processor until its query ends; with `timeout`, stop it and fail after that
+        many seconds (a query's own failure raises from awaitTermination)."""
         proc = self.processor(**overrides)
-        start(self.spark, proc.config, proc).awaitTermination()
+        query = start(self.spark, proc.config, proc)
+        if timeout is None:
+            query.awaitTermination()
+        elif not query.awaitTermination(timeout):
+            query.stop()
+            raise TimeoutError(f"the consumer did not finish in {timeout} s")
         return proc
 
     def verify(self) -> list[verify.TableDiff]:
