@@ -21,6 +21,9 @@ from schemas.type_mapping import TIMESTAMPTZ_FORMATS, TIMESTAMPTZ_MICROS
 COMPRESSION_CODECS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 SNAPSHOT_MODES: Final = ("initial", "initial-only", "never")
+ON_SLOT_LOSS: Final = ("stop", "resnapshot")
+FAILOVER_SLOT_MODES: Final = ("auto", "on", "off")
+ORIGINS: Final = ("any", "none")
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,30 @@ class ProducerConfig:
     status_interval_s: float = setting(
         10.0, help="Standby Status Update period (below wal_sender_timeout)"
     )
-    lag_interval_s: float = setting(10.0, help="slot lag query period")
+    lag_interval_s: float = setting(
+        10.0, help="slot lag and health query period (wal_status, loss checks)"
+    )
+    on_slot_loss: str = setting(
+        "stop",
+        help="when the slot is lost (missing though Kafka shows it existed, wal_status lost, "
+        "invalidated): stop, exit status 3, naming the WAL range that can't be read; "
+        "resnapshot: log it, create a new slot and snapshot every published table again",
+    )
+    failover_slot: str = setting(
+        "auto",
+        help="create the slot as a failover slot (PostgreSQL 17+) so a promoted standby has it: "
+        "auto (on where the server has them), on (17+ required), off",
+    )
+    origin: str = setting(
+        "any",
+        help="pgoutput origin (PostgreSQL 16+): none leaves out changes applied by logical "
+        "replication from another node (bidirectional set-ups); any publishes them all",
+    )
+    reconnect_timeout_s: float = setting(
+        300.0,
+        help="keep reconnecting to PostgreSQL this long after the connection is lost (a "
+        "failover leaves no primary for a while); 0: forever",
+    )
     shutdown_grace_s: float = setting(30.0, help="on SIGTERM, flush for at most this long")
     log_level: str = setting("INFO", help=f"one of {LOG_LEVELS}")
     snapshot: str = setting(
@@ -137,6 +163,17 @@ class ProducerConfig:
             raise ConfigError(
                 f"timestamptz_format must be one of {TIMESTAMPTZ_FORMATS}, "
                 f"got {self.timestamptz_format!r}"
+            )
+        for name, allowed in (
+            ("on_slot_loss", ON_SLOT_LOSS),
+            ("failover_slot", FAILOVER_SLOT_MODES),
+            ("origin", ORIGINS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.reconnect_timeout_s) and self.reconnect_timeout_s >= 0):
+            raise ConfigError(
+                f"reconnect_timeout_s must be >= 0 seconds, got {self.reconnect_timeout_s!r}"
             )
         if self.snapshot not in SNAPSHOT_MODES:
             raise ConfigError(f"snapshot must be one of {SNAPSHOT_MODES}, got {self.snapshot!r}")

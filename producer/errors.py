@@ -7,7 +7,12 @@ they already carry the slot, table and LSN involved.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from producer.pgoutput import format_lsn
+
+if TYPE_CHECKING:
+    from producer.slot_loss import SlotLoss
 
 
 def _lsn(lsn: int | None) -> str:
@@ -98,3 +103,14 @@ class KafkaTransactionError(ProducerError):
             f"{detail}; {why}; nothing past the last committed Kafka transaction is confirmed "
             "to PostgreSQL, so a restart resumes from it"
         )
+
+
+class SlotLostError(ProducerError):
+    """The replication slot is lost (``producer.slot_loss``): what it held can no longer be
+    read, and the producer stops rather than go on from wherever a new slot would begin.
+    Exit status 3. ``while_running``: found while streaming, not at start-up."""
+
+    def __init__(self, loss: SlotLoss, *, while_running: bool, action: str) -> None:
+        self.loss = loss
+        self.while_running = while_running
+        super().__init__(f"{loss.describe()}. {action}")

@@ -6,8 +6,13 @@ Rates (events/s, bytes/s) come from the counters via PromQL ``rate()``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# pg_replication_slots.wal_status's values, plus "missing" (no slot of that name): the gauge
+# has one sample per state, 1 for the current one, so an alert needs no knowledge of the rest.
+WAL_STATUSES: Final = ("reserved", "extended", "unreserved", "lost", "missing")
 
 
 @dataclass
@@ -50,6 +55,29 @@ class Metrics:
             "now - commit time of the last confirmed transaction (0 when idle and caught up)",
             registry=r,
         )
+        self.slot_wal_status = Gauge(
+            "walbridge_slot_wal_status",
+            "The slot's wal_status: 1 for the current state, 0 for the others (reserved, "
+            "extended, unreserved: WAL beyond max_wal_size kept, lost: invalidated; missing: "
+            "no such slot)",
+            ["status"], registry=r,
+        )  # fmt: skip
+        self.slot_safe_wal_size_bytes = Gauge(
+            "walbridge_slot_safe_wal_size_bytes",
+            "pg_replication_slots.safe_wal_size: WAL that can still be written before the slot "
+            "is invalidated (NaN: no limit, max_slot_wal_keep_size = -1)",
+            registry=r,
+        )
+        self.slot_retained_wal_bytes = Gauge(
+            "walbridge_slot_retained_wal_bytes",
+            "WAL the slot keeps on the server: pg_current_wal_lsn() - restart_lsn",
+            registry=r,
+        )
+        self.slot_losses = Counter(
+            "walbridge_slot_losses",
+            "Replication slot losses found (missing, wal_status lost, invalidated), by reason",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.in_flight_events = Gauge(
             "walbridge_in_flight_events", "Events produced and not yet acknowledged", registry=r
         )
@@ -106,3 +134,11 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+
+    def set_wal_status(self, status: str | None) -> None:
+        """One sample per state, 1 for ``status`` (None: the slot is missing)."""
+        current = "missing" if status is None else status
+        for state in WAL_STATUSES:
+            self.slot_wal_status.labels(state).set(1.0 if state == current else 0.0)
+        if current not in WAL_STATUSES:  # a state a later PostgreSQL may add
+            self.slot_wal_status.labels(current).set(1.0)

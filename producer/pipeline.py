@@ -53,7 +53,8 @@ from producer.pgoutput import (
     Update,
     format_lsn,
 )
-from producer.replication import ReplicationClient
+from producer.replication import ReplicationClient, ReplicationError
+from producer.slot_guard import SlotGuard, lost_error
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.sql_session import SqlSession
 from producer.stopping import StopFlag
@@ -89,6 +90,7 @@ class Pipeline:
         snapshots: SnapshotCoordinator,
         lag: LagMonitor,
         http: HealthServer | None,
+        guard: SlotGuard,
     ) -> None:
         self.config = config
         self.stop = stop
@@ -108,11 +110,36 @@ class Pipeline:
         self.snapshots = snapshots
         self.lag = lag
         self.http = http
+        self.guard = guard
 
     # --- main loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Stream until stopped (returns) or a failure (raises, without confirming past it)."""
+        """Stream until stopped (returns) or a failure (raises, without confirming past it).
+        A slot that is gone or invalidated (START_REPLICATION refused it on a reconnect, or
+        the slot monitor saw it) raises ``SlotLostError``."""
+        try:
+            self._stream()
+        except ReplicationError as exc:
+            lost = self.guard.from_stream_error(self.client, exc, self._confirmed())
+            if lost is None:
+                raise
+            raise lost from exc
+
+    def _confirmed(self) -> int:
+        try:
+            return self.client.confirmed_lsn
+        except ReplicationError:
+            return 0  # the stream never started
+
+    def _check_slot(self) -> None:
+        """The slot monitor's verdict (its thread only records it)."""
+        loss = self.lag.loss
+        if loss is not None:
+            self.metrics.slot_losses.labels(loss.reason.name.lower()).inc()
+            raise lost_error(loss, while_running=True)
+
+    def _stream(self) -> None:
         self.health.streaming = True
         em = self.emitter
         handlers: dict[type, Callable[[Any, int], None]] = {
@@ -169,6 +196,7 @@ class Pipeline:
         control.confirm_acked()
         self.snapshots.on_confirmed(self.client.confirmed_lsn)
         self.health.progress()
+        self._check_slot()
         self._snapshot_tick()
         control.heartbeat_if_due()
         if self.tracker.in_flight:
@@ -194,6 +222,7 @@ class Pipeline:
                 control.confirm_unpublished_wal()
         self.snapshots.on_confirmed(self.client.confirmed_lsn)
         control.report_idle()
+        self._check_slot()
         self._snapshot_tick(quiet=True)
         control.heartbeat_if_due()
 

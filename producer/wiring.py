@@ -45,6 +45,7 @@ from producer.replication import (
     ReplicationError,
     SlotInfo,
 )
+from producer.slot_guard import SlotGuard
 from producer.snapshot import catalog as snapshot_catalog
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.snapshot.pacing import SendDelay
@@ -213,6 +214,24 @@ def _build(
         ),
         timestamptz=cfg.timestamptz_format,
     )
+    # The slot's past before its present: snapshot progress and the slot record tell a lost
+    # slot from one never made (producer.slot_guard); with resnapshot, the loss is logged, the
+    # lost slot dropped, and everything below starts over as for a new slot.
+    snap_topic = fixed.snapshot_topic
+    c.topics.ensure([snap_topic], single_partition=True, config={"cleanup.policy": "compact"})
+    states = snapshot_state.load(cfg.kafka_client(), snap_topic)
+    guard = SlotGuard(
+        slot=cfg.slot, resnapshot=cfg.on_slot_loss == "resnapshot",
+        kafka_conf=cfg.kafka_client(), offsets_topic=offsets_topic(names.prefix), sink=sink,
+        eot=eot, metrics=metrics, on_wait=stop.check,
+    )  # fmt: skip
+    loss = guard.check_start(client, guard.evidence(states))
+    resume_lsn, partial = c.resume_lsn, c.partial
+    if loss is not None:
+        resume_lsn, partial = 0, None
+        if eot is not None:
+            guard.forget_resume_point()
+            eot.committed = None
     lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, metrics)
     control = Confirmation(
         client=client, sink=sink, tracker=tracker, eot=eot, lag=lag, metrics=metrics,
@@ -224,36 +243,41 @@ def _build(
         names=names, fixed=fixed, sink=sink, tracker=tracker, tables=tables, eot=eot,
         metrics=metrics, health=health, control=control, keep_alive=keep_alive,
         publish_messages=cfg.messages,
-        resume_lsn=c.resume_lsn, partial=c.partial,
+        resume_lsn=resume_lsn, partial=partial,
     )  # fmt: skip
     # Snapshot state before the slot: a new slot's tables are recorded as to be read (and
     # acknowledged by Kafka) before the slot exists, so a crash in between can't leave a slot
     # whose existing rows nobody reads.
     delay = SendDelay()
     snapshots, initial_needed = _start_snapshots(
-        cfg, c.topics, sql, sink, eot, emitter, metrics, stop,
+        cfg, states, sql, sink, eot, emitter, metrics, stop,
         lambda: delay.delay_s(client.last_send_time) if client.last_send_time else None,
+        replace_all=loss is not None,
     )  # fmt: skip
     opened.callback(snapshots.stop)
     emitter.watch(snapshots)
     health.activity = snapshots.describe()
     slot = ensure_slot(client, cfg.slot, waiting=eot is not None, stop=stop)
-    if slot.created != initial_needed and cfg.snapshot != "never":
+    if slot.created != initial_needed and (cfg.snapshot != "never" or loss is not None):
         log.warning(
             "the slot appeared or vanished during start-up; check for another producer",
             extra={"slot": slot.slot_name},
         )
+    guard.remember(client, slot)
     log.info(
         "slot ready",
-        extra={"slot": slot.slot_name, "slot_created": slot.created, "prefix": names.prefix},
-    )
+        extra={
+            "slot": slot.slot_name, "slot_created": slot.created, "prefix": names.prefix,
+            "failover": slot.failover, "server_version": client.server_version,
+        },
+    )  # fmt: skip
     lag.start()
     opened.callback(lag.stop)
     pipeline = Pipeline(
         config=cfg, stop=stop, health=health, metrics=metrics, decoder=decoder, tracker=tracker,
         client=client, sink=sink, sql=sql, catalog=catalog, tables=tables, eot=eot,
         emitter=emitter, fast_dml=fast_dml(emitter, decoder), control=control,
-        snapshots=snapshots, lag=lag, http=c.http,
+        snapshots=snapshots, lag=lag, http=c.http, guard=guard,
     )  # fmt: skip
     reconnect.target = pipeline.on_reconnect
     keep_alive.target = control.keep_alive
@@ -275,6 +299,16 @@ class _Reconnect:
 def _replication_config(cfg: ProducerConfig) -> ReplicationConfig:
     return ReplicationConfig.from_mapping(
         {
+            "origin": cfg.origin,
+            "failover_slot": cfg.failover_slot,
+            # A failover leaves no primary for seconds to tens of seconds: keep trying, with
+            # short delays (the gap until the new primary streams) for as long as allowed.
+            "reconnect": {
+                "initial_delay": 0.5,
+                "max_delay": 5.0,
+                "max_attempts": None,
+                "max_elapsed": cfg.reconnect_timeout_s or None,
+            },
             "slot": cfg.slot,
             "publication": cfg.publication,
             "tables": cfg.tables,
@@ -349,7 +383,7 @@ def _start_exactly_once(
 
 def _start_snapshots(
     cfg: ProducerConfig,
-    topics: TopicManager,
+    states: dict[str, snapshot_state.TableState],
     sql: SqlSession,
     sink: KafkaSink,
     eot: KafkaTransactions | None,
@@ -357,12 +391,14 @@ def _start_snapshots(
     metrics: Metrics,
     stop: StopFlag,
     stream_delay: Callable[[], float | None],
+    *,
+    replace_all: bool,
 ) -> tuple[SnapshotCoordinator, bool]:
     """The snapshot coordinator, with the resume records read from Kafka; True when the slot
-    is new and the initial snapshot was queued."""
+    is new and the initial snapshot was queued. ``replace_all``: the slot replaces a lost one,
+    and every published table is read again whatever --snapshot says (it was asked for with
+    --on-slot-loss resnapshot)."""
     snap_topic = emitter.fixed.snapshot_topic
-    topics.ensure([snap_topic], single_partition=True, config={"cleanup.policy": "compact"})
-    states = snapshot_state.load(cfg.kafka_client(), snap_topic)
 
     def look(conn: Any) -> tuple[bool, list[str]]:
         exists = conn.execute(
@@ -371,7 +407,8 @@ def _start_snapshots(
         return exists is not None, sorted(snapshot_catalog.published(conn, cfg.publication))
 
     slot_exists, published = sql.run(look)
-    initial = published if not slot_exists and cfg.snapshot != "never" else []
+    new_slot = not slot_exists and (cfg.snapshot != "never" or replace_all)
+    initial = published if new_slot else []
     snapshots = SnapshotCoordinator(
         dsn=cfg.pg_dsn,
         publication=cfg.publication,
@@ -384,14 +421,18 @@ def _start_snapshots(
         metrics=metrics,
         stream_delay=stream_delay,
     )
-    snapshots.start(states, published, initial)
+    snapshots.start(states, published, initial, replace_all=replace_all)
     if initial:
         if eot is not None:
             eot.commit(stop.check)
         if sink.flush(60.0):
             raise DeliveryError(snap_topic, "snapshot state", None, "not acknowledged")
-        log.info("initial snapshot queued", extra={"tables": len(initial)})
-    return snapshots, bool(initial)
+        log.info(
+            "snapshot of every published table queued"
+            + (" (replacing what readers hold: the slot was lost)" if replace_all else ""),
+            extra={"tables": len(initial)},
+        )
+    return snapshots, new_slot
 
 
 def open_registry(
@@ -426,10 +467,10 @@ def _ensure_fixed_topics(
     """The transaction, heartbeat and message topics; also opens the catalog session, so the
     first Relation's type look-up finds it connected."""
     topics.ensure([transaction_topic(prefix)], single_partition=True)
-    if cfg.exactly_once:
-        topics.ensure(
-            [offsets_topic(prefix)], single_partition=True, config={"cleanup.policy": "compact"}
-        )
+    # Always: besides exactly-once's resume point it holds the slot record (slot_record.py).
+    topics.ensure(
+        [offsets_topic(prefix)], single_partition=True, config={"cleanup.policy": "compact"}
+    )
     topics.ensure([heartbeat_topic(prefix)] + ([message_topic(prefix)] if cfg.messages else []))
     sql.run(lambda _conn: None)
 

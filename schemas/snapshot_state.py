@@ -40,6 +40,10 @@ class TableState:
     # change in the chunk's window kept an unchanged TOAST value PostgreSQL did not send, so
     # until they are read again no event holds that value. Kept here so a restart reads them.
     rereads: tuple[tuple[str, ...], ...] = ()
+    # The snapshot's first chunk starts with a ``t`` event even though the table has a key:
+    # a snapshot that replaces what readers hold (after a lost slot, whose window may hide
+    # deletes no event will ever carry), not one that completes it.
+    truncate: bool = False
 
     @property
     def complete(self) -> bool:
@@ -65,6 +69,8 @@ class TableState:
             doc["rereads"] = [list(k) for k in self.rereads]
         else:
             del doc["rereads"]  # written only when there are some (older readers don't know it)
+        if not self.truncate:
+            del doc["truncate"]  # likewise, written only when set
         doc["v"] = FORMAT_VERSION
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -79,8 +85,11 @@ class TableState:
         return cls(**doc)
 
 
-def requested(table: str, lsn: int) -> TableState:
-    return TableState(table, PENDING, requested_lsn=lsn, started_ms=time.time_ns() // 1_000_000)
+def requested(table: str, lsn: int, *, truncate: bool = False) -> TableState:
+    return TableState(
+        table, PENDING, requested_lsn=lsn, started_ms=time.time_ns() // 1_000_000,
+        truncate=truncate,
+    )  # fmt: skip
 
 
 def load(conf: dict[str, Any], topic: str, timeout_s: float = 30.0) -> dict[str, TableState]:

@@ -17,11 +17,13 @@ from producer.replication.frames import Keepalive
 from producer.replication.setup import (
     PublicationInfo,
     SlotInfo,
+    SlotState,
     SystemIdentity,
     check_wal_level,
     ensure_publication,
     ensure_slot,
     identify_system,
+    observe_slot,
 )
 from producer.replication.stream import Change, ReplicationStream
 
@@ -56,6 +58,8 @@ class ReplicationClient:
         )
         self._conn: WalsenderConnection | None = None
         self._identity: SystemIdentity | None = None
+        self._server_version = 0
+        self._failover = False
         self._stream: ReplicationStream | None = None
 
     @property
@@ -77,6 +81,9 @@ class ReplicationClient:
         try:
             check_wal_level(conn)
             self._identity = identify_system(conn)
+            self._server_version = conn.server_version
+            # Settings this server cannot honour are refused before anything is created.
+            self._failover = self._config.failover_for(self._server_version)
         except BaseException:
             conn.close()
             raise
@@ -88,9 +95,29 @@ class ReplicationClient:
                 "system_id": self._identity.system_id,
                 "timeline": self._identity.timeline,
                 "dbname": self._identity.dbname,
+                "server_version": self._server_version,
             },
         )
         return self._identity
+
+    @property
+    def identity(self) -> SystemIdentity:
+        """IDENTIFY_SYSTEM's answer, from the last (re)connection."""
+        if self._identity is None:
+            raise ReplicationError(
+                ErrorKind.CONFIG, "open() has not been called", slot=self._config.slot
+            )
+        return self._identity
+
+    @property
+    def server_version(self) -> int:
+        """server_version_num of the server ``open`` connected to (0 before)."""
+        return self._server_version
+
+    @property
+    def failover(self) -> bool:
+        """Whether a slot created by this client is a failover slot (17+, not switched off)."""
+        return self._failover
 
     def ensure_publication(self) -> PublicationInfo:
         with self._session() as session:
@@ -112,8 +139,44 @@ class ReplicationClient:
                 session,
                 self._config,
                 dbname=identity.dbname,
+                failover=self._failover,
                 export_snapshot=export_snapshot,
             )
+
+    def observe_slot(self) -> tuple[SlotState | None, int]:
+        """The slot as pg_replication_slots shows it now (None: missing) and the server's WAL
+        position, over a SQL session of its own."""
+        with self._session() as session:
+            try:
+                return observe_slot(session, self._config.slot)
+            except psycopg.Error as exc:
+                raise ReplicationError(
+                    ErrorKind.SERVER,
+                    "can't read pg_replication_slots",
+                    slot=self._config.slot,
+                    server_message=str(exc),
+                    sqlstate=exc.sqlstate,
+                ) from exc
+
+    def drop_slot(self) -> None:
+        """Drop the configured slot if it exists (what is left of a lost slot, before a new one
+        is created); refused by the server while a process streams from it."""
+        with self._session() as session:
+            try:
+                session.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE slot_name = %s",
+                    (self._config.slot,),
+                )
+            except psycopg.Error as exc:
+                raise ReplicationError(
+                    ErrorKind.SERVER,
+                    "can't drop the lost slot",
+                    slot=self._config.slot,
+                    server_message=str(exc),
+                    sqlstate=exc.sqlstate,
+                ) from exc
+        log.warning("dropped the lost replication slot", extra={"slot": self._config.slot})
 
     def _session(self) -> psycopg.Connection:
         conninfo = sql_conninfo(
@@ -165,10 +228,51 @@ class ReplicationClient:
         conn = WalsenderConnection.connect(
             self._conninfo, slot=self._config.slot, display=self._redacted
         )
+        try:
+            identity = identify_system(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._note_identity(identity)
         log.info(
-            "reconnected for replication", extra={"dsn": self._redacted, "slot": self._config.slot}
+            "reconnected for replication",
+            extra={
+                "dsn": self._redacted,
+                "slot": self._config.slot,
+                "timeline": identity.timeline,
+                "server_version": conn.server_version,
+            },
         )
         return conn
+
+    def _note_identity(self, identity: SystemIdentity) -> None:
+        """After a reconnect: a new timeline means the server was promoted (a failover, or a
+        recovery to a point in time); another system identifier, another cluster altogether.
+        Streaming goes on only if the slot is there (START_REPLICATION says otherwise), but
+        the operator should know the server changed under the producer."""
+        before = self._identity
+        self._identity = identity
+        if before is None:
+            return
+        if identity.system_id != before.system_id:
+            log.warning(
+                "reconnected to another database cluster (system identifier changed)",
+                extra={
+                    "slot": self._config.slot,
+                    "system_id_before": before.system_id,
+                    "system_id": identity.system_id,
+                    "timeline": identity.timeline,
+                },
+            )
+        elif identity.timeline != before.timeline:
+            log.warning(
+                "reconnected on a new timeline: the server was promoted (failover) or recovered",
+                extra={
+                    "slot": self._config.slot,
+                    "timeline_before": before.timeline,
+                    "timeline": identity.timeline,
+                },
+            )
 
     def _require_stream(self) -> ReplicationStream:
         if self._stream is None:

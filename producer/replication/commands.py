@@ -10,19 +10,32 @@ from producer.replication.identifiers import quote_identifier, quote_literal, va
 IDENTIFY_SYSTEM = b"IDENTIFY_SYSTEM"
 
 
-def create_slot_command(slot: str, *, export_snapshot: bool, two_phase: bool) -> bytes:
-    """PostgreSQL 15's option-list form of CREATE_REPLICATION_SLOT for a pgoutput slot.
+def create_slot_command(
+    slot: str, *, export_snapshot: bool, two_phase: bool, failover: bool = False
+) -> bytes:
+    """The option-list form of CREATE_REPLICATION_SLOT (PostgreSQL 15+) for a pgoutput slot.
 
     SNAPSHOT 'export' makes the server return a snapshot name that stays usable (SET TRANSACTION
     SNAPSHOT) until the next command on this connection, for a consistent initial copy.
+    FAILOVER (PostgreSQL 17+) marks the slot for synchronization to standbys that run
+    ``sync_replication_slots``, so it survives a promotion; older servers reject the option,
+    so it is only sent when asked for.
     """
     options = ["SNAPSHOT 'export'" if export_snapshot else "SNAPSHOT 'nothing'"]
     if two_phase:
         options.append("TWO_PHASE")
+    if failover:
+        options.append("FAILOVER")
     return (
         f"CREATE_REPLICATION_SLOT {quote_identifier(validate_slot_name(slot))} "
         f"LOGICAL pgoutput ({', '.join(options)})"
     ).encode()
+
+
+def alter_slot_failover_command(slot: str) -> bytes:
+    """``ALTER_REPLICATION_SLOT "s" (FAILOVER true)`` (PostgreSQL 17+): an existing slot becomes
+    a failover slot."""
+    return f"ALTER_REPLICATION_SLOT {quote_identifier(validate_slot_name(slot))} (FAILOVER true)".encode()
 
 
 def start_replication_command(

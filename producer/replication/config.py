@@ -19,6 +19,14 @@ from producer.replication.identifiers import (
 # pgoutput's option values; PostgreSQL 15 knows 1-3 and streaming 'on', 16+ adds 4 and 'parallel'.
 PROTO_VERSIONS = (1, 2, 3, 4)
 STREAMING_MODES = ("off", "on", "parallel")
+# --failover-slot: auto = a failover slot where the server has them (17+).
+FAILOVER_SLOT_MODES = ("auto", "on", "off")
+# pgoutput's origin option (16+): none = only changes made on this server, not those applied
+# by logical replication from another node (bidirectional set-ups); any = all of them.
+ORIGINS = ("any", "none")
+# The first server_version_num of each feature the client may use.
+ORIGIN_MIN_VERSION = 160000
+FAILOVER_MIN_VERSION = 170000
 
 
 def _config_error(detail: str) -> ReplicationError:
@@ -27,12 +35,16 @@ def _config_error(detail: str) -> ReplicationError:
 
 @dataclass(frozen=True)
 class ReconnectPolicy:
-    """Exponential backoff between reconnect attempts; ``max_attempts=None`` retries forever."""
+    """Exponential backoff between reconnect attempts; ``max_attempts=None`` retries forever,
+    or, with ``max_elapsed``, until that many seconds have passed since the connection was lost
+    (a failover leaves no primary for seconds to tens of seconds: a time bound says what an
+    operator means better than a count of attempts whose delays grow)."""
 
     initial_delay: float = 0.5
     max_delay: float = 30.0
     multiplier: float = 2.0
     max_attempts: int | None = 10
+    max_elapsed: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.initial_delay) and self.initial_delay >= 0):
@@ -45,6 +57,12 @@ class ReconnectPolicy:
             raise _config_error(f"multiplier must be >= 1, got {self.multiplier!r}")
         if self.max_attempts is not None and self.max_attempts < 0:
             raise _config_error(f"max_attempts must be >= 0 or None, got {self.max_attempts!r}")
+        if self.max_elapsed is not None and not (
+            math.isfinite(self.max_elapsed) and self.max_elapsed > 0
+        ):
+            raise _config_error(
+                f"max_elapsed must be > 0 seconds or None, got {self.max_elapsed!r}"
+            )
 
     def delays(self) -> Iterator[float]:
         """The wait before each attempt: initial, initial*m, ... capped at max_delay."""
@@ -73,6 +91,10 @@ class ReplicationConfig:
     messages: bool = False
     streaming: str = "off"
     two_phase: bool = False
+    origin: str = "any"
+    # Whether a slot this client creates is a failover slot (resolved against the server's
+    # version by ``failover_for``).
+    failover_slot: str = "off"
     # Standby Status Updates are sent at least this often, also when idle (seconds). Keep it
     # well below the server's wal_sender_timeout (60 s by default).
     status_interval: float = 10.0
@@ -102,6 +124,12 @@ class ReplicationConfig:
             raise _config_error("streaming 'parallel' needs proto_version >= 4")
         if self.two_phase and self.proto_version < 3:
             raise _config_error("two_phase needs proto_version >= 3")
+        if self.origin not in ORIGINS:
+            raise _config_error(f"origin must be one of {ORIGINS}, got {self.origin!r}")
+        if self.failover_slot not in FAILOVER_SLOT_MODES:
+            raise _config_error(
+                f"failover_slot must be one of {FAILOVER_SLOT_MODES}, got {self.failover_slot!r}"
+            )
         if not (math.isfinite(self.status_interval) and self.status_interval > 0):
             raise _config_error(
                 f"status_interval must be > 0 seconds, got {self.status_interval!r}"
@@ -154,4 +182,28 @@ class ReplicationConfig:
             options.append(("streaming", self.streaming))
         if self.two_phase:
             options.append(("two_phase", "on"))
+        if self.origin != "any":
+            options.append(("origin", self.origin))
         return tuple(options)
+
+    def failover_for(self, server_version: int) -> bool:
+        """Whether slots are created with FAILOVER on a server of ``server_version``
+        (server_version_num); refuses settings that server cannot honour, naming its version,
+        before anything is created or streamed."""
+        major = server_version // 10000
+        if self.origin != "any" and server_version < ORIGIN_MIN_VERSION:
+            raise ReplicationError(
+                ErrorKind.CONFIG,
+                f"origin {self.origin!r} needs PostgreSQL 16 or later; the server is "
+                f"PostgreSQL {major} (its pgoutput rejects the option): use origin 'any'",
+                slot=self.slot,
+            )
+        if self.failover_slot == "on" and server_version < FAILOVER_MIN_VERSION:
+            raise ReplicationError(
+                ErrorKind.CONFIG,
+                f"failover slots need PostgreSQL 17 or later; the server is PostgreSQL {major}: "
+                "use --failover-slot auto or off (a failover then loses the slot, see the "
+                "README, 'Slot loss and failover')",
+                slot=self.slot,
+            )
+        return self.failover_slot != "off" and server_version >= FAILOVER_MIN_VERSION

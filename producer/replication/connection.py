@@ -19,6 +19,11 @@ from producer.replication.errors import ErrorKind, ReplicationError
 # 08 connection exception, 57P01-57P03 admin/crash shutdown or cannot connect now.
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
 _OBJECT_IN_USE = "55006"  # "replication slot ... is active for PID n"
+# START_REPLICATION's answers for a slot that is gone: 42704 "replication slot ... does not
+# exist"; 55000 "can no longer get changes from replication slot ..." (invalidated). 55000 also
+# covers other refusals ("... was not created in this database"), which the start-up checks
+# rule out before streaming; the producer confirms a loss from pg_replication_slots anyway.
+_SLOT_GONE_STATES = ("42704", "55000")
 
 Row = tuple[str | None, ...]
 
@@ -79,7 +84,17 @@ class WalsenderConnection:
     def start_copy_both(self, command: bytes, *, lsn: int) -> None:
         result = self._exec(command, lsn=lsn)
         if result.status != pq.ExecStatus.COPY_BOTH:
-            raise self.result_error(result, "START_REPLICATION failed", lsn=lsn)
+            error = self.result_error(result, "START_REPLICATION failed", lsn=lsn)
+            if error.sqlstate in _SLOT_GONE_STATES:
+                error = ReplicationError(
+                    ErrorKind.SLOT_LOST,
+                    "START_REPLICATION failed: the slot is gone or invalidated",
+                    slot=self.slot,
+                    lsn=lsn,
+                    server_message=error.server_message,
+                    sqlstate=error.sqlstate,
+                )
+            raise error
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
 
@@ -92,6 +107,11 @@ class WalsenderConnection:
     @staticmethod
     def _verb(command: bytes) -> str:
         return command.split(b" ", 1)[0].decode("ascii", "replace")
+
+    @property
+    def server_version(self) -> int:
+        """The server's server_version_num (e.g. 170006), as libpq learnt it at connection."""
+        return int(self.pgconn.server_version)
 
     # --- COPY BOTH -------------------------------------------------------------------------
 

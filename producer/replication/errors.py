@@ -16,6 +16,9 @@ class ErrorKind(enum.Enum):
     WAL_LEVEL = "wal_level"  # wal_level is not 'logical'
     SLOT_ACTIVE = "slot_active"  # another process streams from the slot
     SLOT_MISMATCH = "slot_mismatch"  # the slot is not a pgoutput logical slot of this database
+    # The slot is gone or invalidated (dropped, not synced to a promoted standby, WAL removed,
+    # a recovery conflict): never retriable, what it held can no longer be read.
+    SLOT_LOST = "slot_lost"
     PUBLICATION = "publication"  # the publication is missing pieces or configured differently
 
 

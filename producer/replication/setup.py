@@ -8,13 +8,19 @@ CREATE_REPLICATION_SLOT) use the replication connection.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from producer.pgoutput import parse_lsn
-from producer.replication.commands import IDENTIFY_SYSTEM, create_slot_command
+from producer.replication.commands import (
+    IDENTIFY_SYSTEM,
+    alter_slot_failover_command,
+    create_slot_command,
+)
 from producer.replication.config import ReplicationConfig
 from producer.replication.connection import WalsenderConnection
 from producer.replication.errors import ErrorKind, ReplicationError
@@ -47,6 +53,64 @@ class SlotState:
     confirmed_flush_lsn: int | None
     two_phase: bool
     wal_status: str | None
+    # Columns later majors added are None where the server lacks them: conflicting (16+),
+    # invalidation_reason, failover and synced (17+).
+    restart_lsn: int | None = None
+    safe_wal_size: int | None = None
+    conflicting: bool | None = None
+    invalidation_reason: str | None = None
+    failover: bool | None = None
+    synced: bool | None = None
+
+
+def slot_state_from_row(row: Mapping[str, Any]) -> SlotState:
+    """A pg_replication_slots row as ``to_jsonb`` renders it: every column the server has,
+    whatever its major, so one query serves 15 to 18 (pure)."""
+
+    def lsn(key: str) -> int | None:
+        value = row.get(key)
+        return parse_lsn(value) if value else None
+
+    def flag(key: str) -> bool | None:
+        value = row.get(key)
+        return None if value is None else bool(value)
+
+    safe = row.get("safe_wal_size")
+    return SlotState(
+        slot_name=str(row["slot_name"]),
+        plugin=row.get("plugin"),
+        slot_type=str(row.get("slot_type")),
+        database=row.get("database"),
+        active_pid=row.get("active_pid"),
+        confirmed_flush_lsn=lsn("confirmed_flush_lsn"),
+        two_phase=bool(row.get("two_phase")),
+        wal_status=row.get("wal_status"),
+        restart_lsn=lsn("restart_lsn"),
+        safe_wal_size=None if safe is None else int(safe),
+        conflicting=flag("conflicting"),
+        invalidation_reason=row.get("invalidation_reason"),
+        failover=flag("failover"),
+        synced=flag("synced"),
+    )
+
+
+# The slot (NULL when missing) and the server's WAL position in one round trip; a standby has
+# no current WAL insert position, its replay position stands in.
+_SLOT_QUERY = """
+SELECT to_jsonb(s),
+       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+             ELSE pg_current_wal_lsn() END)::text
+  FROM (SELECT 1) AS one
+  LEFT JOIN pg_replication_slots AS s ON s.slot_name = %s
+"""
+
+
+def observe_slot(session: psycopg.Connection[Any], slot: str) -> tuple[SlotState | None, int]:
+    """The slot as the server shows it now (None: there is none) and the server's WAL position."""
+    row = session.execute(_SLOT_QUERY, (slot,)).fetchone()
+    assert row is not None  # the left join always returns one row
+    doc, position = row
+    return (None if doc is None else slot_state_from_row(doc)), parse_lsn(position or "0/0")
 
 
 @dataclass(frozen=True)
@@ -60,6 +124,7 @@ class SlotInfo:
     consistent_point: int | None
     snapshot_name: str | None
     confirmed_flush_lsn: int | None
+    failover: bool | None = None  # None: the server has no failover slots (before 17)
 
 
 @dataclass(frozen=True)
@@ -103,26 +168,8 @@ def check_wal_level(conn: WalsenderConnection) -> None:
         )
 
 
-def inspect_slot(session: psycopg.Connection, slot: str) -> SlotState | None:
-    row = session.execute(
-        "SELECT slot_name, plugin, slot_type, database, active_pid,"
-        " confirmed_flush_lsn::text, two_phase, wal_status"
-        " FROM pg_replication_slots WHERE slot_name = %s",
-        (slot,),
-    ).fetchone()
-    if row is None:
-        return None
-    name, plugin, slot_type, database, active_pid, confirmed, two_phase, wal_status = row
-    return SlotState(
-        name,
-        plugin,
-        slot_type,
-        database,
-        active_pid,
-        parse_lsn(confirmed) if confirmed else None,
-        bool(two_phase),
-        wal_status,
-    )
+def inspect_slot(session: psycopg.Connection[Any], slot: str) -> SlotState | None:
+    return observe_slot(session, slot)[0]
 
 
 def check_slot_usable(state: SlotState, *, dbname: str) -> None:
@@ -150,11 +197,14 @@ def check_slot_usable(state: SlotState, *, dbname: str) -> None:
             slot=state.slot_name,
             lsn=state.confirmed_flush_lsn,
         )
-    if state.wal_status == "lost":
+    if state.wal_status == "lost" or state.invalidation_reason or state.conflicting:
+        # The producer classifies this as a slot loss first (producer.slot_loss); a client
+        # used on its own still refuses to stream from such a slot.
         raise ReplicationError(
-            ErrorKind.SERVER,
-            "slot has lost required WAL (wal_status 'lost'); it must be dropped and recreated, "
-            "followed by a new snapshot",
+            ErrorKind.SLOT_LOST,
+            f"slot was invalidated (wal_status {state.wal_status!r}, invalidation_reason "
+            f"{state.invalidation_reason!r}); it must be dropped and recreated, followed by a "
+            "new snapshot",
             slot=state.slot_name,
             lsn=state.confirmed_flush_lsn,
         )
@@ -166,9 +216,11 @@ def ensure_slot(
     config: ReplicationConfig,
     *,
     dbname: str,
+    failover: bool = False,
     export_snapshot: bool = False,
 ) -> SlotInfo:
-    """Reuse the configured slot, or create it (when allowed) over the replication connection."""
+    """Reuse the configured slot, or create it (when allowed) over the replication connection;
+    ``failover``: create it as a failover slot (the caller checked the server has them)."""
     state = inspect_slot(session, config.slot)
     if state is None:
         if not config.create_slot:
@@ -176,7 +228,7 @@ def ensure_slot(
                 ErrorKind.CONFIG, "slot does not exist and create_slot is off", slot=config.slot
             )
         try:
-            return _create_slot(conn, config, export_snapshot=export_snapshot)
+            return _create_slot(conn, config, export_snapshot=export_snapshot, failover=failover)
         except ReplicationError as exc:
             if exc.sqlstate != _DUPLICATE_OBJECT:
                 raise
@@ -185,18 +237,52 @@ def ensure_slot(
             if state is None:
                 raise
     check_slot_usable(state, dbname=dbname)
+    is_failover = state.failover
+    if failover and state.failover is False:
+        is_failover = _failover_for_existing(conn, config)
     log.info(
         "reusing replication slot",
-        extra={"slot": config.slot, "confirmed_flush_lsn": state.confirmed_flush_lsn},
+        extra={
+            "slot": config.slot,
+            "confirmed_flush_lsn": state.confirmed_flush_lsn,
+            "failover": is_failover,
+            "synced": state.synced,
+        },
     )
-    return SlotInfo(config.slot, False, None, None, state.confirmed_flush_lsn)
+    return SlotInfo(config.slot, False, None, None, state.confirmed_flush_lsn, failover=is_failover)
+
+
+def _failover_for_existing(conn: WalsenderConnection, config: ReplicationConfig) -> bool:
+    """A slot created before failover slots were asked for (or by an older producer): made one
+    with ``--failover-slot on``; with ``auto`` only a warning, since altering a slot someone
+    else may manage is the operator's call."""
+    command = alter_slot_failover_command(config.slot)
+    if config.failover_slot != "on":
+        log.warning(
+            "the slot is not a failover slot: a promoted standby will not have it, and the "
+            "producer will stop with a slot loss after a failover; run "
+            f"{command.decode()} on a replication connection, or start once with "
+            "--failover-slot on",
+            extra={"slot": config.slot},
+        )
+        return False
+    conn.command(command)
+    log.info("the slot is now a failover slot", extra={"slot": config.slot})
+    return True
 
 
 def _create_slot(
-    conn: WalsenderConnection, config: ReplicationConfig, *, export_snapshot: bool
+    conn: WalsenderConnection,
+    config: ReplicationConfig,
+    *,
+    export_snapshot: bool,
+    failover: bool,
 ) -> SlotInfo:
     command = create_slot_command(
-        config.slot, export_snapshot=export_snapshot, two_phase=config.two_phase
+        config.slot,
+        export_snapshot=export_snapshot,
+        two_phase=config.two_phase,
+        failover=failover,
     )
     ((slot_name, consistent_point, snapshot_name, _plugin),) = conn.command(command)
     if slot_name is None or consistent_point is None:
@@ -206,9 +292,14 @@ def _create_slot(
     lsn = parse_lsn(consistent_point)
     log.info(
         "created replication slot",
-        extra={"slot": slot_name, "consistent_point": lsn, "snapshot_name": snapshot_name},
+        extra={
+            "slot": slot_name,
+            "consistent_point": lsn,
+            "snapshot_name": snapshot_name,
+            "failover": failover,
+        },
     )
-    return SlotInfo(slot_name, True, lsn, snapshot_name, lsn)
+    return SlotInfo(slot_name, True, lsn, snapshot_name, lsn, failover=failover)
 
 
 def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -> PublicationInfo:

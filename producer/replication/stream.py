@@ -258,7 +258,12 @@ class ReplicationStream:
         self._drop_connection()
         policy = self._config.reconnect
         last = cause
+        give_up_at = None if policy.max_elapsed is None else self._clock() + policy.max_elapsed
+        limit = f"{policy.max_attempts} attempts"
         for attempt, delay in enumerate(policy.delays(), start=1):
+            if give_up_at is not None and self._clock() + delay > give_up_at:
+                limit = f"{policy.max_elapsed:g} s"
+                break
             log.warning(
                 "replication connection lost; reconnecting",
                 extra={
@@ -289,7 +294,7 @@ class ReplicationStream:
             return
         raise ReplicationError(
             ErrorKind.CONNECTION,
-            f"gave up reconnecting after {policy.max_attempts} attempts",
+            f"gave up reconnecting after {limit}",
             slot=self._config.slot,
             lsn=self._resume_lsn(),
             server_message=last.server_message,

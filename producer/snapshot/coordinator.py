@@ -132,14 +132,28 @@ class SnapshotCoordinator:
     # --- start-up ----------------------------------------------------------------------------
 
     def start(
-        self, states: dict[str, TableState], published: Iterable[str], initial: list[str]
+        self,
+        states: dict[str, TableState],
+        published: Iterable[str],
+        initial: list[str],
+        *,
+        replace_all: bool = False,
     ) -> None:
-        """``states``: the resume records; ``initial``: tables to read now (a new slot)."""
+        """``states``: the resume records; ``initial``: tables to read now (a new slot).
+
+        ``replace_all``: the new slot replaces a lost one, so readers hold rows whose deletes
+        fell in the lost WAL: every table in ``initial`` is read again from its start, whatever
+        its record said, and its snapshot begins with a ``t`` event (keyed tables too), so
+        readers keep only the rows read and changed since."""
         self.states = dict(states)
-        self._fresh = set(initial)  # read by the run that created the slot
+        # Read by the run that created the slot, for readers that hold nothing of them yet.
+        self._fresh = set() if replace_all else set(initial)
         self._known = set(published) | set(self.states)
         for table in initial:
-            if table not in self.states or self.states[table].status == DONE:
+            if replace_all:
+                self.states[table] = requested(table, 0, truncate=True)
+                self._sink.write_state(self.states[table])
+            elif table not in self.states or self.states[table].status == DONE:
                 self.states[table] = requested(table, 0)
                 self._sink.write_state(self.states[table])
         for s in sorted(self.states.values(), key=lambda s: s.table):
@@ -274,6 +288,14 @@ class SnapshotCoordinator:
                     window.images = []
                     route = self._sink.snapshot_route(window.table, lsn)
                     self._sink.emit_snapshot_truncate(route, lsn)
+                elif in_tx and self._replaces_rows(window):
+                    # A keyed table read anew after a lost slot: its first chunk starts with
+                    # the truncate (again, if that chunk is read again: harmless, as before
+                    # its rows). Changes streamed after it apply as usual; rows not read yet
+                    # are missing downstream until their chunk comes (the table shows in
+                    # the progress table's snapshotting column until its snapshot is done).
+                    route = self._sink.snapshot_route(window.table, lsn)
+                    self._sink.emit_snapshot_truncate(route, lsn)
             elif in_tx:
                 self._at_high_watermark(window, lsn)
             return True
@@ -281,6 +303,13 @@ class SnapshotCoordinator:
             self._on_signal(content, lsn)
             return True
         return prefix.startswith("walbridge.")
+
+    def _replaces_rows(self, window: Window) -> bool:
+        """The first window of a keyed table whose snapshot replaces what readers hold."""
+        if window.keys is not None or window.cursor is not None or not window.table.chunk_key:
+            return False
+        state = self.states.get(window.table.collection)
+        return state is not None and state.truncate and state.chunks == 0
 
     def on_begin(self, xid: int) -> None:
         """A transaction's Begin (every one, resent ones too): remembered for a while, for
