@@ -63,7 +63,9 @@ def test_usable_slot_passes() -> None:
         ({"plugin": "test_decoding"}, ErrorKind.SLOT_MISMATCH, "'test_decoding'"),
         ({"slot_type": "physical", "plugin": None}, ErrorKind.SLOT_MISMATCH, "physical"),
         ({"database": "other"}, ErrorKind.SLOT_MISMATCH, "'other'"),
-        ({"wal_status": "lost"}, ErrorKind.SERVER, "lost"),
+        ({"wal_status": "lost"}, ErrorKind.SLOT_LOST, "'lost'"),
+        ({"invalidation_reason": "rows_removed"}, ErrorKind.SLOT_LOST, "'rows_removed'"),
+        ({"conflicting": True}, ErrorKind.SLOT_LOST, "invalidated"),
     ],
 )
 def test_unusable_slot_is_refused(change: dict[str, object], kind: ErrorKind, text: str) -> None:
