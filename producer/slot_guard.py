@@ -172,7 +172,7 @@ class SlotGuard:
         self.record = record
         log.info(
             "slot recorded in Kafka",
-            extra={"slot": self.slot, "topic": self._topic, "created": slot.created},
+            extra={"slot": self.slot, "topic": self._topic, "slot_created": slot.created},
         )
 
     def forget_resume_point(self) -> None:
