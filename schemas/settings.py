@@ -67,6 +67,10 @@ LOCAL_STACK: Final = frozenset({
     # `WALBRIDGE_STACK_SECURE=1 stack up`: TLS, SASL, ACLs (on topics, ids and groups with the
     # ACL prefix) and the registry's TLS front on WALBRIDGE_REGISTRY_PORT, Apicurio behind it
     "WALBRIDGE_STACK_SECURE", "WALBRIDGE_STACK_ACL_PREFIX", "WALBRIDGE_REGISTRY_INTERNAL_PORT",
+    # `WALBRIDGE_PG_VERSION=15|16|17|18 WALBRIDGE_PG_STANDBY=1 stack up`: the major, a standby;
+    # `stack env` prints the standby's DSN and the directory of the PostgreSQL client tools
+    "WALBRIDGE_PG_VERSION", "WALBRIDGE_PG_STANDBY", "WALBRIDGE_PG_STANDBY_PORT",
+    "WALBRIDGE_PG_STANDBY_DSN", "WALBRIDGE_PG_TOOLS",
 })  # fmt: skip
 
 # WALBRIDGE_<NAME>_FILE: a secret setting read from a file, for the producer and the consumer.

@@ -41,11 +41,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def stack_env() -> dict[str, str]:
+    """The local stack's connection settings; a WALBRIDGE_* variable already set in the
+    environment wins (bench_pg_versions.py points a bench at another major's server so)."""
     out = subprocess.run(
         [str(ROOT / "deploy/local/stack"), "env"], check=True, text=True, capture_output=True
     ).stdout
     pairs = (line.removeprefix("export ").split("=", 1) for line in out.splitlines())
-    return {k: v.strip("'") for k, v in pairs if k.startswith("WALBRIDGE_")}
+    stack = {k: v.strip("'") for k, v in pairs if k.startswith("WALBRIDGE_")}
+    return stack | {k: v for k, v in os.environ.items() if k.startswith("WALBRIDGE_")}
 
 
 def update(db: psycopg.Connection, schema: str, changes: int, tx_size: int) -> None:

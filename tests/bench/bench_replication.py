@@ -41,7 +41,6 @@ from producer.pgoutput import Commit, Decoder, Insert, format_lsn, parse_lsn
 from producer.replication import ReplicationClient, ReplicationConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-RECVLOGICAL = ("/usr/lib/postgresql/15/bin/pg_recvlogical", "/usr/bin/pg_recvlogical")
 
 
 @dataclass(frozen=True)
@@ -107,12 +106,25 @@ def pg_dsn() -> str:
 
 
 def recvlogical_binary() -> str:
-    for path in RECVLOGICAL:
-        if Path(path).exists():
-            return path
+    """The stack's pg_recvlogical (PostgreSQL 18's client tools read every major's stream)."""
+    tools = os.environ.get("WALBRIDGE_PG_TOOLS")
+    if not tools:
+        out = subprocess.run(
+            [str(ROOT / "deploy/local/stack"), "env"], check=True, text=True, capture_output=True
+        ).stdout
+        tools = next(
+            (
+                line.split("=", 1)[1].strip("'")
+                for line in out.splitlines()
+                if line.startswith("export WALBRIDGE_PG_TOOLS=")
+            ),
+            "",
+        )
+    if tools and (Path(tools) / "pg_recvlogical").exists():
+        return str(Path(tools) / "pg_recvlogical")
     found = shutil.which("pg_recvlogical")
     if not found:
-        sys.exit("pg_recvlogical not found")
+        sys.exit("pg_recvlogical not found (deploy/local/stack up installs it)")
     return found
 
 

@@ -21,7 +21,6 @@ from tests.support.producer_harness import ProducerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "deploy" / "local" / "stack"
-PG_CTL = "/usr/lib/postgresql/15/bin/pg_ctl"
 
 
 def log(message: str) -> None:
@@ -85,10 +84,7 @@ class Stack:
 
     def postgres_crash(self) -> None:
         """pg_ctl stop -m immediate: no shutdown checkpoint, recovery replays WAL at start."""
-        cmd = [PG_CTL, "-D", str(self.home / "postgres" / "data"), "-m", "immediate", "stop"]
-        if os.geteuid() == 0:  # pg_ctl refuses to run as root
-            cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        subprocess.run(cmd, check=True, capture_output=True)
+        self.run("crash", "postgres")
 
 
 def broker_service(node_id: int) -> str:
