@@ -213,7 +213,10 @@ class SlotGuard:
                 exc.lsn or confirmed_lsn,
             )  # fmt: skip
         else:
-            found = slot_loss.while_running(self.slot, state, confirmed_lsn, server_lsn)
+            found = slot_loss.while_running(
+                self.slot, state, confirmed_lsn, server_lsn,
+                identity=client.identity, record=self.record,
+            )  # fmt: skip
             if found is None:
                 return None
             loss = found

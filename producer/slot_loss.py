@@ -113,14 +113,29 @@ def at_start(
 
 
 def while_running(
-    slot: str, state: SlotState | None, confirmed_lsn: int, server_lsn: int
+    slot: str,
+    state: SlotState | None,
+    confirmed_lsn: int,
+    server_lsn: int,
+    *,
+    identity: SystemIdentity | None = None,
+    record: SlotRecord | None = None,
 ) -> SlotLoss | None:
-    """The verdict of a check while streaming: the slot existed when streaming began."""
+    """The verdict of a check while streaming: the slot existed when streaming began.
+    ``identity`` (the server after a reconnect) and ``record`` (the slot's, as of start-up)
+    tell a failover or another cluster from a drop."""
     if state is None:
-        return SlotLoss(
-            slot, LossReason.MISSING, "the slot was dropped while the producer ran, or the "
-            "server is not the one it was created on", confirmed_lsn or None, server_lsn,
-        )  # fmt: skip
+        if identity is not None and record is not None:
+            reason, detail = _why_missing(identity, Evidence(record=record))
+        else:
+            reason, detail = (
+                LossReason.MISSING,
+                (
+                    "the slot was dropped while the producer ran, or the server is not the one "
+                    "it was created on"
+                ),
+            )
+        return SlotLoss(slot, reason, detail, confirmed_lsn or None, server_lsn)
     why = invalidation(state)
     if why is None:
         return None

@@ -115,6 +115,15 @@ def test_while_running_missing_and_invalidated() -> None:
     assert lost is not None and lost.reason is LossReason.WAL_LOST and lost.from_lsn == 0x3100
 
 
+def test_while_running_a_reconnect_to_a_new_timeline_without_the_slot_is_a_failover() -> None:
+    promoted = replace(IDENTITY, timeline=3)
+    loss = while_running("s", None, 0x3100, 0x5000, identity=promoted, record=RECORD)
+    assert loss is not None and loss.reason is LossReason.FAILOVER
+    assert "from 1 to 3" in loss.detail and loss.from_lsn == 0x3100
+    same = while_running("s", None, 0x3100, 0x5000, identity=IDENTITY, record=RECORD)
+    assert same is not None and same.detail == "the slot was dropped"
+
+
 def test_lost_error_says_what_was_done_and_how_to_start_over() -> None:
     loss = at_start("s", None, IDENTITY, Evidence(record=RECORD), 0x5000)
     assert loss is not None
