@@ -80,7 +80,8 @@ def test_existing_slot_without_failover_is_warned_about_or_altered(
     sql(pg_dsn, f"SELECT pg_create_logical_replication_slot('{source.slot}', 'pgoutput')")
     auto = ProducerProcess(source, kafka_bootstrap, registry_url).start()
     assert auto.stop() == 0, auto.log()
-    assert f'ALTER_REPLICATION_SLOT "{source.slot}" (FAILOVER true)' in auto.log()
+    # The log is JSON lines: the command's quotes are escaped.
+    assert f'ALTER_REPLICATION_SLOT \\"{source.slot}\\" (FAILOVER true)' in auto.log()
     assert _failover(source) is False  # auto only warns
     on = ProducerProcess(source, kafka_bootstrap, registry_url, failover_slot="on").start()
     assert on.stop() == 0, on.log()
