@@ -1,0 +1,138 @@
+"""The producer across a primary failover (issue 39), on a primary and streaming standby of the
+local stack, the producer on the multi-host DSN: on 17+ (failover slot, synced to the standby)
+it follows the new primary and every row arrives once; on 16, where slots are not synced, it
+stops with the slot-loss error instead of starting quietly from the new primary's position."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import conninfo, sql
+
+from tests.conftest import ROOT, Stack
+from tests.support.producer_harness import (
+    ProducerProcess,
+    Source,
+    TopicReader,
+    create_counter_table,
+    insert_batches,
+    query,
+    unique,
+)
+from tests.support.scratch_stack import ScratchStack, free_block
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=[16, 18], ids=lambda m: f"pg{m}")
+def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
+    """A primary and its standby of one major in a state directory of their own (the
+    session's Kafka and registry serve them)."""
+    if not stack.managed:
+        pytest.fail("the failover test starts its own PostgreSQL pair: run with the test stack")
+    major = request.param
+    home = ROOT / ".walbridge" / "pg-failover-producer" / str(major)
+    port = free_block(2)
+    scratch = ScratchStack(
+        home,
+        WALBRIDGE_PG_VERSION=str(major),
+        WALBRIDGE_PG_STANDBY="1",
+        WALBRIDGE_PG_PORT=str(port),
+        WALBRIDGE_PG_STANDBY_PORT=str(port + 1),
+    )
+    scratch.run("down", "postgres", "postgres-2")
+    shutil.rmtree(home / "postgres", ignore_errors=True)  # a fresh primary, never failed over
+    scratch.up("postgres", "postgres-2")
+    if major < 17:
+        _older_walreceiver_conninfo(scratch.exports()["WALBRIDGE_PG_STANDBY_DSN"])
+    try:
+        yield scratch
+    finally:
+        scratch.run("down", "postgres", "postgres-2")
+
+
+# Options libpq 15 and 16 know in primary_conninfo. The stack's pg_basebackup (PostgreSQL 18's
+# client tools) writes options of later majors (sslnegotiation, ...), which an older standby's
+# walreceiver refuses ("invalid connection option"), so it never streams. Reported to the
+# stack's owner; until it is fixed there, the test keeps the options the standby knows.
+_KNOWN_TO_15 = ("user", "password", "host", "port", "application_name", "sslmode", "dbname")
+
+
+def _older_walreceiver_conninfo(standby_dsn: str) -> None:
+    with psycopg.connect(standby_dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW primary_conninfo").fetchone()
+        assert row is not None
+        params = conninfo.conninfo_to_dict(row[0])
+        kept = conninfo.make_conninfo("", **{k: v for k, v in params.items() if k in _KNOWN_TO_15})
+        conn.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(sql.Literal(kept)))
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _wait(what: str, check: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def _standby_has_synced_slot(standby_dsn: str, slot: str) -> bool:
+    rows = query(
+        standby_dsn,
+        "SELECT synced AND NOT temporary AND NOT conflicting FROM pg_replication_slots "
+        "WHERE slot_name = %s",
+        (slot,),
+    )
+    return bool(rows and rows[0][0])
+
+
+def _replayed(standby_dsn: str, table: str, rows: int) -> bool:
+    # Rows, not LSNs: the primary's insert position may sit past a page header the standby's
+    # replay position never reaches.
+    try:
+        return bool(query(standby_dsn, f"SELECT count(*) FROM {table}")[0][0] == rows)
+    except psycopg.errors.UndefinedTable:
+        return False  # not replayed yet
+
+
+def test_producer_follows_a_failover_or_stops_when_the_slot_is_not_synced(
+    pair: ScratchStack, kafka_bootstrap: str, registry_url: str
+) -> None:
+    env = pair.exports()
+    dsn, standby_dsn = env["WALBRIDGE_PG_DSN"], env["WALBRIDGE_PG_STANDBY_DSN"]
+    assert "," in dsn  # the multi-host DSN that reaches whichever node is primary
+    major = int(query(dsn, "SELECT current_setting('server_version_num')::int / 10000")[0][0])
+    table = unique("fo")
+    create_counter_table(dsn, table)
+    source = Source.create(dsn, [table], "fo")
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url).start()
+    insert_batches(dsn, table, 1, 5, 2)  # ids 1-10
+    source.wait_confirmed(source.current_lsn())
+    if major >= 17:
+        _wait("the synced slot", lambda: _standby_has_synced_slot(standby_dsn, source.slot), 120)
+    # The standby is asynchronous: a failover before it replayed the table would lose it.
+    _wait("the standby's replay", lambda: _replayed(standby_dsn, table, 10), 60)
+    failover = pair.run("failover")
+    assert failover.returncode == 0, failover.stderr
+    assert query(dsn, "SELECT pg_is_in_recovery()")[0][0] is False  # the new primary
+    insert_batches(dsn, table, 11, 5, 2)  # ids 11-20, on the new primary
+    assert producer.proc is not None
+    if major < 17:
+        assert producer.proc.wait(180) == 3, producer.log()
+        log = producer.log()
+        assert f"replication slot '{source.slot}' is lost: failover without a synced slot" in log
+        assert "timeline moved from 1 to 2" in log
+        assert source.confirmed_lsn() is None  # nothing was created on the new primary
+        return
+    source.wait_confirmed(source.current_lsn(), timeout=180)
+    assert producer.proc.poll() is None, producer.log()
+    assert producer.stop() == 0, producer.log()
+    assert "reconnected on a new timeline" in producer.log()
+    records = TopicReader(kafka_bootstrap, registry_url).read_to_end(
+        [f"{source.prefix}.public.{table}"]
+    )
+    ids = sorted(r.key["id"] for r in records)
+    assert ids == list(range(1, 21))  # each row once (read_committed, exactly-once)
