@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, ClassVar
 from unittest.mock import MagicMock
@@ -372,3 +373,37 @@ def test_a_chunk_whose_read_missed_a_transaction_shown_before_its_window_is_read
     _run_window(coord, [b"1\ta", b"2\tB"], 40, snapshot="650:704:650", before=(703,))
     assert len(sink.reads) == 2 and again.missed is None
     assert sink.states[-1].status == DONE
+
+
+class TruncatingSink(FakeSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.truncates: list[int] = []
+
+    def emit_snapshot_truncate(self, route: Any, lsn: int) -> None:
+        self.truncates.append(lsn)
+
+
+def test_a_snapshot_replacing_a_lost_slots_rows_starts_a_keyed_table_with_a_truncate(
+    published: set[str],
+) -> None:
+    sink = TruncatingSink()
+    coord = _coordinator(sink)
+    done = TableState(NAME, DONE, cursor=("9",), rows=9, chunks=1)
+    coord.start({NAME: done}, [NAME], [NAME], replace_all=True)
+    queued = sink.states[-1]
+    assert (queued.status, queued.cursor, queued.truncate) == ("pending", None, True)
+    coord.tick()
+    assert FakeReader.windows[-1].cursor is None  # read again from the start
+    _run_window(coord, [b"1\ta", b"2\tb"], 100)
+    assert sink.truncates == [100]  # at the first chunk's low watermark, before its rows
+    assert len(sink.reads) == 2 and sink.states[-1].status == DONE
+
+    # Resumed after its first chunk (a restart): no second truncate.
+    FakeReader.windows = []
+    resumed = TruncatingSink()
+    again = _coordinator(resumed)
+    again.start({NAME: replace(queued, status="running", cursor=("2",), chunks=1)}, [NAME], [])
+    again.tick()
+    _run_window(again, [b"3\tc"], 200)
+    assert resumed.truncates == [] and len(resumed.reads) == 1
