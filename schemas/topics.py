@@ -3,8 +3,9 @@
 `<prefix>.<schema>.<table>` per table (each name made a valid topic part by
 `schemas.safe_names`), and the prefix's own topics: `<prefix>.transaction` (markers, one
 partition), `<prefix>.heartbeat`, `<prefix>.message` (logical messages), `<prefix>.snapshot`
-(the producer's snapshot resume records, internal), `<prefix>.offsets` (with exactly-once on:
-the producer's resume point per slot, written in each Kafka transaction, internal).
+(the producer's snapshot resume records, internal), `<prefix>.offsets` (the producer's own
+state per slot, internal: with exactly-once on, the resume point written in each Kafka
+transaction; always, the slot record that tells a lost slot from a new one).
 Subjects follow TopicNameStrategy (`<topic>-key`, `<topic>-value`: `schemas.registry`).
 """
 
