@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from producer.pgoutput import parse_lsn
@@ -24,6 +23,7 @@ from tests.support.producer_harness import (
     sql,
     unique,
 )
+from tests.support.slot_loss import invalidate, slot_row
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +46,7 @@ def source(pg_dsn: str, table: str) -> Iterator[Source]:
 
 
 def _slot(source: Source) -> dict[str, Any] | None:
-    rows = query(
-        source.dsn,
-        "SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = %s",
-        (source.slot,),
-    )
-    return None if not rows else dict(rows[0][0])
+    return slot_row(source.dsn, source.slot)
 
 
 def _exit_status(producer: ProducerProcess, timeout: float = 120.0) -> int:
@@ -95,29 +90,7 @@ def test_dropped_slot_stops_with_exit_3_and_creates_nothing(
 
 
 def _invalidate(source: Source) -> None:
-    """Push the stopped slot past max_slot_wal_keep_size until a checkpoint invalidates it."""
-    filler = unique("filler")
-    with psycopg.connect(source.dsn, autocommit=True) as conn:
-        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        conn.execute("SELECT pg_reload_conf()")
-        try:
-            conn.execute(f"CREATE UNLOGGED TABLE {filler} (pad text)")
-            conn.execute(f"ALTER TABLE {filler} SET LOGGED")
-            for _ in range(20):
-                conn.execute(
-                    f"INSERT INTO {filler} SELECT repeat('x', 1000) FROM generate_series(1, 3000)"
-                )
-                conn.execute("SELECT pg_switch_wal()")
-                conn.execute("CHECKPOINT")
-                slot = _slot(source)
-                assert slot is not None
-                if slot["wal_status"] == "lost":
-                    return
-            raise AssertionError(f"slot {source.slot} not invalidated: {_slot(source)}")
-        finally:
-            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-            conn.execute("SELECT pg_reload_conf()")
-            conn.execute(f"DROP TABLE IF EXISTS {filler}")
+    invalidate(source.dsn, source.slot)
 
 
 def _apply(records: list[Any]) -> dict[int, dict[str, Any]]:
