@@ -395,7 +395,8 @@ def _start_snapshots(
     replace_all: bool,
 ) -> tuple[SnapshotCoordinator, bool]:
     """The snapshot coordinator, with the resume records read from Kafka; True when the slot
-    is new and the initial snapshot was queued. ``replace_all``: the slot replaces a lost one,
+    is to be created with a snapshot of every published table (queued, and acknowledged by
+    Kafka, before the slot exists). ``replace_all``: the slot replaces a lost one,
     and every published table is read again whatever --snapshot says (it was asked for with
     --on-slot-loss resnapshot)."""
     snap_topic = emitter.fixed.snapshot_topic
@@ -427,11 +428,14 @@ def _start_snapshots(
             eot.commit(stop.check)
         if sink.flush(60.0):
             raise DeliveryError(snap_topic, "snapshot state", None, "not acknowledged")
-        log.info(
-            "snapshot of every published table queued"
-            + (" (replacing what readers hold: the slot was lost)" if replace_all else ""),
-            extra={"tables": len(initial)},
-        )
+        if replace_all:
+            log.warning(
+                "snapshot of every published table queued to replace what readers hold (the "
+                "slot was lost); each table's snapshot starts with a truncate",
+                extra={"tables": len(initial), "slot": cfg.slot},
+            )
+        else:
+            log.info("initial snapshot queued", extra={"tables": len(initial)})
     return snapshots, new_slot
 
 

@@ -24,6 +24,7 @@ from producer.replication.setup import (
     ensure_slot,
     identify_system,
     observe_slot,
+    warn_unless_standbys_wait,
 )
 from producer.replication.stream import Change, ReplicationStream
 
@@ -134,7 +135,7 @@ class ReplicationClient:
                 slot=self._config.slot,
             )
         with self._session() as session:
-            return ensure_slot(
+            slot = ensure_slot(
                 self._conn,
                 session,
                 self._config,
@@ -142,6 +143,10 @@ class ReplicationClient:
                 failover=self._failover,
                 export_snapshot=export_snapshot,
             )
+        if slot.failover and not export_snapshot:
+            # (An exported snapshot lives until the next command on this connection.)
+            warn_unless_standbys_wait(self._conn, self._config.slot)
+        return slot
 
     def observe_slot(self) -> tuple[SlotState | None, int]:
         """The slot as pg_replication_slots shows it now (None: missing) and the server's WAL

@@ -252,6 +252,21 @@ def ensure_slot(
     return SlotInfo(config.slot, False, None, None, state.confirmed_flush_lsn, failover=is_failover)
 
 
+def warn_unless_standbys_wait(conn: WalsenderConnection, slot: str) -> None:
+    """A failover slot on a primary without ``synchronized_standby_slots``: the primary may
+    send the producer changes no standby has received, and after a promotion the new primary
+    lacks them: Kafka would hold events of transactions the new primary never had, and the
+    slot would resume behind them. Worth a warning, not a refusal (the operator decides)."""
+    ((value,),) = conn.command(b"SHOW synchronized_standby_slots")
+    if not value:
+        log.warning(
+            "failover slot on a primary with synchronized_standby_slots empty: changes may "
+            "reach Kafka before any standby has them, and a failover would lose them on the "
+            "database side; set synchronized_standby_slots to the standbys' physical slots",
+            extra={"slot": slot},
+        )
+
+
 def _failover_for_existing(conn: WalsenderConnection, config: ReplicationConfig) -> bool:
     """A slot created before failover slots were asked for (or by an older producer): made one
     with ``--failover-slot on``; with ``auto`` only a warning, since altering a slot someone

@@ -71,6 +71,8 @@ def test_slot_is_created_as_a_failover_slot_on_17_plus(
     finally:
         assert producer.stop() == 0, producer.log()
     assert '"failover": true' in producer.log()
+    # The session's server has no standby, so nothing makes the primary wait for one.
+    assert "synchronized_standby_slots empty" in producer.log()
 
 
 def test_existing_slot_without_failover_is_warned_about_or_altered(
