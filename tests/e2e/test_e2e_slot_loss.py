@@ -33,7 +33,7 @@ def test_resnapshot_after_a_lost_slot_converges_the_lake(
     )
     try:
         with pipeline(
-            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [name], "e2eslot"
+            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table], "e2eslot"
         ) as p:
             p.producer.env["WALBRIDGE_SNAPSHOT"] = "initial"
             p.start_producer()
