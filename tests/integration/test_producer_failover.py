@@ -28,7 +28,7 @@ from tests.support.scratch_stack import ScratchStack, free_block
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=[16, 18], ids=lambda m: f"pg{m}")
+@pytest.fixture(params=[16, 17, 18], ids=lambda m: f"pg{m}")
 def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
     """A primary and its standby of one major in a state directory of their own (the
     session's Kafka and registry serve them)."""
