@@ -131,10 +131,13 @@ def _text(value: Any) -> str | None:
     return None if value is None else value.data.decode()
 
 
-# Every case with the default identity; the other identities with the 'stored' case, where the
-# key flags of a published generated column matter.
+# Every case with the default identity; the other identities with 'plain' (every version: the
+# generated column is not published) and 'stored' (18: the key flags of a published one).
 PARAMS = [(case, "default") for case in CASES] + [
-    ("stored", identity) for identity in IDENTITIES if identity != "default"
+    (case, identity)
+    for case in ("plain", "stored")
+    for identity in IDENTITIES
+    if identity != "default"
 ]
 
 
@@ -159,16 +162,25 @@ def test_snapshot_and_verify_columns_are_the_streamed_relation_columns(
         f"ALTER TABLE {schema.table} REPLICA IDENTITY {IDENTITIES[identity]}",
         f"CREATE PUBLICATION {publication} " + target.format(t=schema.table, s=schema.name),
     )
-    # Without a replica identity PostgreSQL refuses updates of a published table.
-    writes = ["Insert"] if identity == "nothing" else ["Insert", "Update"]
+    # Without a replica identity PostgreSQL refuses updates of a published table; 18 refuses
+    # them under FULL while a stored generated column is not published.
+    refused = identity == "nothing" or (
+        identity == "full" and schema.major >= 18 and "s" not in expected
+    )
+    writes = ["Insert"] if refused else ["Insert", "Update"]
     try:
         sql(dsn, f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
         # The stack runs with synchronous_commit = off, and the peek reads only flushed WAL:
         # these commits wait for the flush, so the peek below sees them.
         with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
             conn.execute(f"INSERT INTO {schema.table} (id, a, b) VALUES (1, 10, 'x')")
+            update = f"UPDATE {schema.table} SET a = 11 WHERE id = 1"
             if "Update" in writes:
-                conn.execute(f"UPDATE {schema.table} SET a = 11 WHERE id = 1")
+                conn.execute(update)
+            elif identity == "full" and schema.major >= 18:
+                with pytest.raises(psycopg.errors.InvalidColumnReference) as refusal:
+                    conn.execute(update)
+                assert "must not contain unpublished generated columns" in str(refusal.value)
         oid = int(query(dsn, "SELECT %s::regclass::oid", (schema.table,))[0][0])
         relation, changes = _relation_and_rows(dsn, slot, publication, oid)
         sent = [c.name for c in relation.columns]
