@@ -208,9 +208,9 @@ def test_snapshot_and_verify_columns_are_the_streamed_relation_columns(
             assert [row["s"] for row in after] == ["20", "22"][: len(writes)]
         if identity == "full" and len(changes) == 2:
             # The old row of FULL carries the published columns too, s included.
-            update = changes[1]
-            assert isinstance(update, Update) and update.old is not None
-            old = dict(zip(sent, map(_text, update.old), strict=True))
+            updated = changes[1]
+            assert isinstance(updated, Update) and updated.old is not None
+            old = dict(zip(sent, map(_text, updated.old), strict=True))
             assert old.get("s") == ("20" if "s" in sent else None)
     finally:
         sql(
