@@ -37,6 +37,9 @@ from typing import Any
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
 
+from schemas import published_columns
+from schemas.publication_catalog import PublicationNotFound, publication_columns, server_major
+from schemas.published_columns import Attribute, PublicationColumns
 from schemas.safe_names import lake_table_path
 from schemas.table_list import format_table
 from schemas.type_mapping import field_names
@@ -121,7 +124,7 @@ WITH RECURSIVE cols AS (
     SELECT b.attnum, t.typbasetype, b.depth + 1 FROM base b JOIN pg_type t ON t.oid = b.typid
     WHERE t.typtype = 'd'
 )
-SELECT c.attname, t.typname, e.typname AS element, c.attgenerated <> '' AS generated
+SELECT c.attnum::int, c.attname, t.typname, e.typname AS element, c.attgenerated::text
 FROM cols c
 JOIN LATERAL (SELECT typid FROM base WHERE base.attnum = c.attnum
               ORDER BY depth DESC LIMIT 1) b ON true
@@ -130,46 +133,44 @@ LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
 ORDER BY c.attnum
 """
 
+# Without a publication (a direct compare_table call), compare what a publication without a
+# column list and with publish_generated_columns = none sends: the ordinary columns.
+NO_PUBLICATION = "(no publication given)"
+
 
 def _publication_columns(
-    conn: psycopg.Connection[Any], table: Table, publication: str
-) -> set[str] | None:
-    """The columns the publication carries for `table` (its column list, PostgreSQL 15+), or
-    None when it names them all or the server has no column lists."""
-    if conn.info.server_version < 150000:
-        return None
-    row = conn.execute(
-        "SELECT attnames FROM pg_publication_tables"
-        " WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-        (publication, *table),
-    ).fetchone()
-    return None if row is None or row[0] is None else set(row[0])
+    conn: psycopg.Connection[Any], oid: int, publication: str | None
+) -> PublicationColumns:
+    if publication is None:
+        return PublicationColumns(NO_PUBLICATION, server_major(conn), None, False)
+    try:
+        return publication_columns(conn, publication, oid)
+    except PublicationNotFound as exc:
+        raise ConfigError(f"verify: {exc}") from exc
 
 
 def columns(
     conn: psycopg.Connection[Any], table: Table, publication: str | None = None
 ) -> tuple[list[ColumnInfo], tuple[str, ...]]:
-    """The columns to compare, and the ones skipped with why: the stream carries neither
-    generated columns (PostgreSQL 15 does not publish them) nor columns outside a publication's
-    column list, so the lake rightly has none of them."""
-    rows = conn.execute(COLUMNS_SQL, (_oid(conn, table),)).fetchall()
-    listed = None if publication is None else _publication_columns(conn, table, publication)
-    kept = []
-    skipped = []
-    for name, base, element, generated in rows:
-        if generated:
-            skipped.append(f"{name} (generated: not published)")
-        elif listed is not None and name not in listed:
-            skipped.append(f"{name} (not in the column list of publication {publication!r})")
-        else:
-            kept.append((name, base, element))
+    """The columns to compare, and the ones skipped with why: exactly the columns the stream
+    carries for the table (schemas.published_columns: the publication's column list; stored
+    generated columns on PostgreSQL 18 when it publishes them; virtual ones never), so the lake
+    rightly has none of the others."""
+    oid = _oid(conn, table)
+    rows = {r[0]: r[1:] for r in conn.execute(COLUMNS_SQL, (oid,)).fetchall()}
+    chosen = published_columns.select(
+        format_table(*table),
+        (Attribute(attnum, name, gen) for attnum, (name, _, _, gen) in rows.items()),
+        _publication_columns(conn, oid, publication),
+    )
     # Lake names come from the published columns only, as the producer's Avro schema does.
-    lake_names = field_names(tuple(r[0] for r in kept))
+    lake_names = field_names(chosen.names)
     out = []
-    for (name, base, element), lake in zip(kept, lake_names, strict=True):
+    for a, lake in zip(chosen.published, lake_names, strict=True):
+        _, base, element, _ = rows[a.attnum]
         # An array's element may itself be a domain; its base name is good enough here.
-        out.append(ColumnInfo(name, lake, base, element))
-    return out, tuple(skipped)
+        out.append(ColumnInfo(a.name, lake, base, element))
+    return out, chosen.skipped_text()
 
 
 def diff(table: str, pg: Mapping[Any, Row], lake: Mapping[Any, Row], limit: int = 20) -> TableDiff:

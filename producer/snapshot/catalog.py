@@ -1,6 +1,8 @@
 """What a snapshot reads, from the catalog: the published tables, their columns exactly as
-pgoutput describes them (so the Relation built here gives the same schemas as the stream's),
-the key to walk them by, and the planner's row estimate for progress."""
+pgoutput describes them (so the Relation built here gives the same schemas as the stream's:
+the publication's column list, and on PostgreSQL 18 its stored generated columns when it
+publishes them, by the rule in schemas.published_columns), the key to walk them by, and the
+planner's row estimate for progress."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from typing import Any
 import psycopg
 
 from producer.pgoutput import Column, Relation
+from schemas import published_columns
+from schemas.publication_catalog import publication_columns
+from schemas.published_columns import Attribute
 
 _TABLES = """
 SELECT c.oid, n.nspname::text, c.relname::text, c.relreplident::text
@@ -19,19 +24,11 @@ SELECT c.oid, n.nspname::text, c.relname::text, c.relreplident::text
  WHERE pt.pubname = %s
  ORDER BY 2, 3
 """
-# PostgreSQL 15 publications may list columns; pgoutput then sends only those.
-_COLUMN_LISTS = """
-SELECT n.nspname::text, c.relname::text, pt.attnames::text[]
-  FROM pg_publication_tables pt
-  JOIN pg_namespace n ON n.nspname = pt.schemaname
-  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
- WHERE pt.pubname = %s
-"""
-# As pgoutput's logicalrep_write_attrs: no dropped columns, no generated ones.
+# Every live column with what decides whether pgoutput sends it (schemas.published_columns).
 _COLUMNS = """
-SELECT a.attname::text, a.atttypid::int8, a.atttypmod
+SELECT a.attnum::int, a.attname::text, a.atttypid::int8, a.atttypmod, a.attgenerated::text
   FROM pg_attribute a
- WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attnum
 """
 # Index columns in index order (the chunk's ORDER BY then matches the index).
@@ -96,25 +93,28 @@ def describe(conn: psycopg.Connection[Any], publication: str, collection: str) -
         for oid, s, n, ident in conn.execute(_TABLES, (publication,)).fetchall()
     }
     oid, schema, name, ident = rows[collection]
-    lists: dict[str, list[str] | None] = {}
-    if conn.info.server_version >= 150000:
-        for s, n, names in conn.execute(_COLUMN_LISTS, (publication,)).fetchall():
-            lists[f"{s}.{n}"] = names
-    listed = lists.get(collection)
     identity: tuple[str, ...] = ()
     if ident in ("d", "i"):
         identity = tuple(r[0] for r in conn.execute(_INDEX_COLUMNS, (oid, ident == "d")))
     primary = tuple(r[0] for r in conn.execute(_INDEX_COLUMNS, (oid, True)))
+    attributes = conn.execute(_COLUMNS, (oid,)).fetchall()
+    types = {attnum: (int(type_oid), int(typmod)) for attnum, _, type_oid, typmod, _ in attributes}
+    # The same rule verify applies: a published stored generated column (18+) is read like any
+    # other, so the rows read here have exactly the stream's Relation columns.
+    chosen = published_columns.select(
+        collection,
+        (Attribute(attnum, attname, gen) for attnum, attname, _, _, gen in attributes),
+        publication_columns(conn, publication, oid),
+    )
     columns = tuple(
         Column(
-            flags=1 if (ident == "f" or attname in identity) else 0,
-            name=attname,
-            type_oid=int(type_oid),
-            type_modifier=int(typmod),
-            is_key=ident == "f" or attname in identity,
+            flags=1 if (ident == "f" or a.name in identity) else 0,
+            name=a.name,
+            type_oid=types[a.attnum][0],
+            type_modifier=types[a.attnum][1],
+            is_key=ident == "f" or a.name in identity,
         )
-        for attname, type_oid, typmod in conn.execute(_COLUMNS, (oid,))
-        if listed is None or attname in listed
+        for a in chosen.published
     )
     # The chunk key: the identity key (what events are keyed by), or with FULL the primary
     # key the events are keyed by (producer.tables); none: the table is read whole.

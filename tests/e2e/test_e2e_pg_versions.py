@@ -93,12 +93,12 @@ def test_the_whole_pipeline_on_each_postgresql_major(
             writer.join(30)
             p.sql(
                 # One transaction of 5,000 changes, updates that leave the TOAST value out of
-                # the stream (unchanged), and deletes.
+                # the stream (unchanged), deletes, and appends to the table without a key.
                 f"INSERT INTO {items} (id, qty, note) SELECT g, 2, 'bulk' "
                 "FROM generate_series(200000, 204999) g",
                 f"UPDATE {items} SET qty = qty + 10 WHERE id % 40 = 0",
                 f"DELETE FROM {items} WHERE id BETWEEN 2000 AND 2100",
-                f"DELETE FROM {log} WHERE k = 3",
+                f"INSERT INTO {log} SELECT g, 'after' FROM generate_series(1, 100) g",
             )
             p.wait_published()
             for table in (items, log):
