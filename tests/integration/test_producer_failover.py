@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import conninfo, sql
 
 from tests.conftest import ROOT, Stack
 from tests.support.producer_harness import (
@@ -47,29 +46,10 @@ def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]
     scratch.run("down", "postgres", "postgres-2")
     shutil.rmtree(home / "postgres", ignore_errors=True)  # a fresh primary, never failed over
     scratch.up("postgres", "postgres-2")
-    if major < 17:
-        _older_walreceiver_conninfo(scratch.exports()["WALBRIDGE_PG_STANDBY_DSN"])
     try:
         yield scratch
     finally:
         scratch.run("down", "postgres", "postgres-2")
-
-
-# Options libpq 15 and 16 know in primary_conninfo. The stack's pg_basebackup (PostgreSQL 18's
-# client tools) writes options of later majors (sslnegotiation, ...), which an older standby's
-# walreceiver refuses ("invalid connection option"), so it never streams. Reported to the
-# stack's owner; until it is fixed there, the test keeps the options the standby knows.
-_KNOWN_TO_15 = ("user", "password", "host", "port", "application_name", "sslmode", "dbname")
-
-
-def _older_walreceiver_conninfo(standby_dsn: str) -> None:
-    with psycopg.connect(standby_dsn, autocommit=True) as conn:
-        row = conn.execute("SHOW primary_conninfo").fetchone()
-        assert row is not None
-        params = conninfo.conninfo_to_dict(row[0])
-        kept = conninfo.make_conninfo("", **{k: v for k, v in params.items() if k in _KNOWN_TO_15})
-        conn.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(sql.Literal(kept)))
-        conn.execute("SELECT pg_reload_conf()")
 
 
 def _wait(what: str, check: object, timeout: float) -> None:
