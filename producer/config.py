@@ -43,6 +43,11 @@ class ProducerConfig:
         help="a created publication publishes a partitioned table under its root's name (one "
         "topic per parent); false: each leaf partition as a table of its own",
     )
+    publish_generated_columns: bool = setting(
+        False,
+        help="a created publication also sends stored generated columns "
+        "(publish_generated_columns = stored; PostgreSQL 18+); an existing one must say so too",
+    )
     topic_prefix: str = setting("", help='topic name prefix ("" = the database name)')
     metrics_port: int = setting(9464, help="port of /metrics, /healthz, /readyz (0: none)")
     metrics_host: str = setting("0.0.0.0", help="address the metrics endpoint listens on")

@@ -105,6 +105,22 @@ class KafkaTransactionError(ProducerError):
         )
 
 
+class PublicationMissingError(ProducerError):
+    """The publication was dropped while the producer streamed. PostgreSQL 18's pgoutput then
+    skips the changes with a server-side WARNING instead of failing the stream (15-17 fail it),
+    so nothing else would tell: stop, naming it and where the server's WAL was."""
+
+    def __init__(self, publication: str, slot: str, lsn: int) -> None:
+        self.publication = publication
+        self.lsn = lsn
+        super().__init__(
+            f"publication {publication!r} no longer exists (found at the server's WAL position "
+            f"{format_lsn(lsn)}, slot {slot!r}); changes since it was dropped were not sent. "
+            f"Re-create it, restart the producer, and re-read the affected tables "
+            f"(walbridge-producer snapshot schema.table ...)"
+        )
+
+
 class SlotLostError(ProducerError):
     """The replication slot is lost (``producer.slot_loss``): what it held can no longer be
     read, and the producer stops rather than go on from wherever a new slot would begin.

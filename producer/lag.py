@@ -26,9 +26,14 @@ class LagMonitor:
     """Bytes: ``pg_current_wal_lsn() - confirmed_flush_lsn``. Seconds: now minus the commit time
     of the last confirmed transaction, 0 while nothing is in flight (``anchor_ms`` None)."""
 
-    def __init__(self, dsn: str, slot: str, interval_s: float, metrics: Metrics) -> None:
+    def __init__(
+        self, dsn: str, slot: str, interval_s: float, metrics: Metrics, publication: str = ""
+    ) -> None:
         self._session = SqlSession(dsn, "walbridge-lag", attempts=1)
         self._slot = slot
+        self._publication = publication
+        # The server's WAL position when the publication was found missing (None: it exists).
+        self.publication_missing_at: int | None = None
         self._interval = interval_s
         self._metrics = metrics
         self._stop = threading.Event()
@@ -42,8 +47,13 @@ class LagMonitor:
     def start(self) -> None:
         self._thread.start()
 
-    def _query(self, conn: psycopg.Connection[Any]) -> tuple[SlotState | None, int]:
-        return observe_slot(conn, self._slot)
+    def _query(self, conn: psycopg.Connection[Any]) -> tuple[SlotState | None, int, bool]:
+        state, server_lsn = observe_slot(conn, self._slot)
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)",
+            (self._publication,),
+        ).fetchone()
+        return state, server_lsn, bool(row and row[0]) or not self._publication
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -56,12 +66,14 @@ class LagMonitor:
             0.0 if anchor is None else max(0.0, time.time() - anchor / 1000)
         )
         try:
-            state, server_lsn = self._session.run(self._query)
+            state, server_lsn, publication_exists = self._session.run(self._query)
         except psycopg.Error as exc:
             # A gauge left stale for one period is harmless; the stream has its own retries.
             log.warning("slot lag query failed", extra={"slot": self._slot, "error": str(exc)})
             return
         self._record(state, server_lsn)
+        if not publication_exists and self.publication_missing_at is None:
+            self.publication_missing_at = server_lsn
         if self.loss is None:
             self.loss = slot_loss.while_running(self._slot, state, self._confirmed, server_lsn)
 

@@ -32,7 +32,7 @@ from producer.config import ProducerConfig
 from producer.confirmation import Confirmation
 from producer.delivery import DeliveryTracker
 from producer.emitter import EventEmitter
-from producer.errors import StreamStateError
+from producer.errors import PublicationMissingError, StreamStateError
 from producer.fast_dml import DML_TAGS, FastDml
 from producer.health import HealthServer, HealthState
 from producer.kafka_sink import KafkaSink
@@ -138,6 +138,9 @@ class Pipeline:
         if loss is not None:
             self.metrics.slot_losses.labels(loss.reason.name.lower()).inc()
             raise lost_error(loss, while_running=True)
+        missing_at = self.lag.publication_missing_at
+        if missing_at is not None:
+            raise PublicationMissingError(self.config.publication, self.config.slot, missing_at)
 
     def _stream(self) -> None:
         self.health.streaming = True

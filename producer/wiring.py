@@ -28,7 +28,7 @@ from producer.confirmation import Confirmation
 from producer.delivery import DeliveryTracker
 from producer.emitter import EventEmitter, FixedEncoders, SourceNames
 from producer.envelope_writer import TableEnvelopeWriter
-from producer.errors import DeliveryError
+from producer.errors import ConfigError, DeliveryError
 from producer.events import Row, source_block
 from producer.fast_dml import fast_dml
 from producer.health import HealthServer, HealthState
@@ -232,7 +232,7 @@ def _build(
         if eot is not None:
             guard.forget_resume_point()
             eot.committed = None
-    lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, metrics)
+    lag = LagMonitor(cfg.pg_dsn, cfg.slot, cfg.lag_interval_s, metrics, cfg.publication)
     control = Confirmation(
         client=client, sink=sink, tracker=tracker, eot=eot, lag=lag, metrics=metrics,
         health=health, stop=stop, status_interval_s=cfg.status_interval_s,
@@ -313,6 +313,7 @@ def _replication_config(cfg: ProducerConfig) -> ReplicationConfig:
             "publication": cfg.publication,
             "tables": cfg.tables,
             "publish_via_partition_root": cfg.publish_via_partition_root,
+            "publish_generated_columns": cfg.publish_generated_columns,
             "proto_version": 1,
             # Always on: snapshot watermarks and signals are logical messages; --no-messages
             # only stops publishing the application's own.
@@ -401,13 +402,26 @@ def _start_snapshots(
     --on-slot-loss resnapshot)."""
     snap_topic = emitter.fixed.snapshot_topic
 
-    def look(conn: Any) -> tuple[bool, list[str]]:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (cfg.slot,)
+    def look(conn: Any) -> tuple[bool, bool, list[str]]:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s),"
+            " pg_is_in_recovery()",
+            (cfg.slot,),
         ).fetchone()
-        return exists is not None, sorted(snapshot_catalog.published(conn, cfg.publication))
+        published = sorted(snapshot_catalog.published(conn, cfg.publication))
+        return bool(row[0]), bool(row[1]), published
 
-    slot_exists, published = sql.run(look)
+    slot_exists, on_standby, published = sql.run(look)
+    if on_standby and (cfg.snapshot != "never" or replace_all):
+        # A snapshot's watermarks are logical messages the reader session writes, and a
+        # standby is read-only; its reads would also not be fenced by them in the stream.
+        raise ConfigError(
+            "the producer reads from a standby (pg_is_in_recovery), where snapshots cannot run: "
+            "their watermarks are logical messages, which only a primary can write. Run it with "
+            "--snapshot never (streaming works on a standby, PostgreSQL 16+), or point it at "
+            "the primary"
+            + (" (--on-slot-loss resnapshot needs the primary too)" if replace_all else "")
+        )
     new_slot = not slot_exists and (cfg.snapshot != "never" or replace_all)
     initial = published if new_slot else []
     snapshots = SnapshotCoordinator(
@@ -421,6 +435,7 @@ def _start_snapshots(
         auto_new_tables=cfg.snapshot != "never",
         metrics=metrics,
         stream_delay=stream_delay,
+        on_standby=on_standby,
     )
     snapshots.start(states, published, initial, replace_all=replace_all)
     if initial:

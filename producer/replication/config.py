@@ -83,6 +83,8 @@ class ReplicationConfig:
     tables: tuple[TableName, ...] = ()
     # Partitioned tables arrive under the root's name (one topic and lake table per parent).
     publish_via_partition_root: bool = True
+    # A created publication also sends stored generated columns (PostgreSQL 18+).
+    publish_generated_columns: bool = False
     create_publication: bool = True
     create_slot: bool = True
     # START_REPLICATION options for pgoutput.

@@ -321,6 +321,13 @@ def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -
     """Check the publication; create it (table list, or FOR ALL TABLES when no tables are
     configured) when missing. An existing publication is never altered: a difference that
     would change what we stream is an error for the operator to resolve."""
+    if config.publish_generated_columns and session.info.server_version < 180000:
+        raise ReplicationError(
+            ErrorKind.CONFIG,
+            "--publish-generated-columns needs PostgreSQL 18+ (earlier majors never publish "
+            f"generated columns); the server is {session.info.server_version // 10000}",
+            slot=config.slot,
+        )
     info = _read_publication(session, config.publication, slot=config.slot)
     created = False
     if info is None:
@@ -350,6 +357,8 @@ def ensure_publication(session: psycopg.Connection, config: ReplicationConfig) -
                 f"publication {config.publication!r} vanished after creation",
                 slot=config.slot,
             )
+    if config.publish_generated_columns and not created:
+        _check_publishes_generated_columns(session, config)
     # FOR ALL TABLES also covers tables created later, so only a table list can miss one.
     unpublished = [] if info.all_tables else _unpublished_tables(session, config)
     _check_publication(info, config, unpublished)
@@ -372,11 +381,34 @@ def _create_publication_sql(config: ReplicationConfig) -> sql.Composed:
         )
     else:
         target = sql.SQL("FOR ALL TABLES")
-    return sql.SQL("CREATE PUBLICATION {} {} WITH (publish_via_partition_root = {})").format(
-        sql.Identifier(config.publication),
-        target,
-        sql.Literal(config.publish_via_partition_root),
+    options: list[sql.Composable] = [
+        sql.SQL("publish_via_partition_root = {}").format(
+            sql.Literal(config.publish_via_partition_root)
+        )
+    ]
+    if config.publish_generated_columns:
+        options.append(sql.SQL("publish_generated_columns = stored"))
+    return sql.SQL("CREATE PUBLICATION {} {} WITH ({})").format(
+        sql.Identifier(config.publication), target, sql.SQL(", ").join(options)
     )
+
+
+def _check_publishes_generated_columns(
+    session: psycopg.Connection, config: ReplicationConfig
+) -> None:
+    """--publish-generated-columns with an existing publication: it must send them (the
+    producer never alters a publication)."""
+    row = session.execute(
+        "SELECT pubgencols FROM pg_publication WHERE pubname = %s", (config.publication,)
+    ).fetchone()
+    if row is None or row[0] != "s":
+        raise ReplicationError(
+            ErrorKind.PUBLICATION,
+            f"publication {config.publication!r} does not send stored generated columns and "
+            "--publish-generated-columns is on: run ALTER PUBLICATION "
+            f"{config.publication} SET (publish_generated_columns = stored), or turn the flag off",
+            slot=config.slot,
+        )
 
 
 def _read_publication(

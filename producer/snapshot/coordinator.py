@@ -99,8 +99,12 @@ class SnapshotCoordinator:
         metrics: Any,
         chunk_budget_s: float = 0.05,
         stream_delay: Callable[[], float | None] = lambda: None,
+        on_standby: bool = False,
     ) -> None:
         self._dsn = dsn
+        # Reading from a standby: a signal (written on the primary, decoded here) can't be
+        # served, as the watermarks can't be written on a read-only server.
+        self._on_standby = on_standby
         self._publication = publication
         self._sql = sql
         self._sink = sink
@@ -539,6 +543,13 @@ class SnapshotCoordinator:
                     "content": content[:200].decode(errors="replace"),
                     "error": str(exc),
                 },
+            )
+            return
+        if self._on_standby:
+            log.error(
+                "snapshot signal ignored: this producer reads from a standby, where snapshot "
+                "watermarks can't be written; send it to a producer on the primary",
+                extra={"tables": tables, "lsn": format_lsn(lsn)},
             )
             return
         published = self._sql.run(lambda conn: catalog.published(conn, self._publication))

@@ -162,3 +162,27 @@ def test_settings_a_server_cannot_honour_are_refused_naming_its_version(
     finally:
         source.drop()
         sql(dsn, f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_publication_dropped_while_streaming_stops_the_producer(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, source: Source, table: str
+) -> None:
+    """15-17 fail the stream at the next change; 18's pgoutput skips changes with a server-side
+    WARNING instead, so the producer's own check must stop it (exit 1, naming the publication),
+    never stream on as if nothing were missing."""
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url, lag_interval_s=1).start()
+    try:
+        insert_batches(pg_dsn, table, 1, 5, 10)
+        source.wait_confirmed(source.current_lsn())
+        sql(pg_dsn, f"DROP PUBLICATION {source.publication}")
+        insert_batches(pg_dsn, table, 1000, 5, 10)
+        assert producer.proc is not None
+        code = producer.proc.wait(60)
+    finally:
+        if producer.proc is not None and producer.proc.poll() is None:
+            producer.kill()
+    assert code == 1, producer.log()
+    if server_major(pg_dsn) >= 18:
+        assert f"publication '{source.publication}' no longer exists" in producer.log()
+    else:
+        assert "does not exist" in producer.log() and source.publication in producer.log()

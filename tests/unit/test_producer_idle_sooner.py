@@ -119,7 +119,7 @@ def test_pipeline_asks_for_short_ticks_while_acks_are_outstanding() -> None:
         config=config, stop=stop, health=health, metrics=metrics, decoder=Decoder(),
         tracker=tracker, client=client, sink=sink, sql=None, catalog=None, tables=None,
         eot=None, emitter=emitter, fast_dml=None, control=control, snapshots=snapshots,
-        lag=SimpleNamespace(loss=None), http=None, guard=None,
+        lag=SimpleNamespace(loss=None, publication_missing_at=None), http=None, guard=None,
     )  # type: ignore[arg-type]  # fmt: skip
     # A transaction whose one event Kafka has not acknowledged yet at its Commit.
     emitter.ticket = tracker.open(0x200)

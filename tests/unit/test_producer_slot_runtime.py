@@ -154,19 +154,22 @@ ALIVE = SlotState(
 
 
 class FakeSession:
-    def __init__(self, *answers: tuple[SlotState | None, int]) -> None:
+    """Answers the monitor's query: (slot, server WAL position[, publication exists])."""
+
+    def __init__(self, *answers: tuple[Any, ...]) -> None:
         self.answers = list(answers)
 
-    def run(self, work: Any) -> tuple[SlotState | None, int]:
-        return self.answers.pop(0)
+    def run(self, work: Any) -> tuple[Any, ...]:
+        answer = self.answers.pop(0)
+        return answer if len(answer) == 3 else (*answer, True)
 
     def close(self) -> None:
         pass
 
 
-def _monitor(*answers: tuple[SlotState | None, int]) -> tuple[LagMonitor, Metrics]:
+def _monitor(*answers: tuple[Any, ...]) -> tuple[LagMonitor, Metrics]:
     metrics = Metrics()
-    monitor = LagMonitor("dbname=app", SLOT, 10.0, metrics)
+    monitor = LagMonitor("dbname=app", SLOT, 10.0, metrics, "pub")
     monitor._session = FakeSession(*answers)  # type: ignore[assignment]
     return monitor, metrics
 
@@ -195,6 +198,16 @@ def test_monitor_finds_a_slot_invalidated_or_dropped_while_streaming() -> None:
     gone.check()
     assert gone.loss is not None and gone.loss.reason is LossReason.MISSING
     assert gone.loss.from_lsn == 0x3000  # the last confirmed position seen
+
+
+def test_monitor_finds_the_publication_dropped_while_streaming() -> None:
+    # PostgreSQL 18's pgoutput skips changes when the publication is gone, without an error.
+    monitor, _ = _monitor((ALIVE, 0x5000), (ALIVE, 0x6000, False), (ALIVE, 0x7000, False))
+    monitor.check()
+    assert monitor.publication_missing_at is None
+    monitor.check()
+    monitor.check()
+    assert monitor.publication_missing_at == 0x6000  # where it was first found missing
 
 
 # --- the guard's reading of a refusal ---------------------------------------------------------
