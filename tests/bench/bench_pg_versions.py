@@ -43,6 +43,7 @@ from confluent_kafka import Consumer  # noqa: E402
 from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: E402
 from confluent_kafka.schema_registry.avro import AvroDeserializer  # noqa: E402
 
+from tests.support.pg_versions import failover_ready  # noqa: E402
 from tests.support.producer_harness import ProducerProcess, Source, query, sql  # noqa: E402
 from tests.support.scratch_stack import ScratchStack, free_block  # noqa: E402
 
@@ -114,7 +115,7 @@ def failover_gap(major: int, kafka: str, registry: str) -> float:
         reader.start()
         try:
             deadline = time.monotonic() + 180
-            while not _failover_ready(standby_dsn, source.slot):
+            while not failover_ready(standby_dsn, source.slot):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the standby never held the synced slot")
                 time.sleep(0.5)
@@ -176,16 +177,6 @@ def _arrivals(
             out.append((arrived, int(value["after"]["node"])))
     finally:
         consumer.close()
-
-
-def _failover_ready(standby_dsn: str, slot: str) -> bool:
-    rows = query(
-        standby_dsn,
-        "SELECT synced AND NOT temporary AND NOT conflicting FROM pg_replication_slots "
-        "WHERE slot_name = %s",
-        (slot,),
-    )
-    return bool(rows and rows[0][0])
 
 
 def main() -> None:

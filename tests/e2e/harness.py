@@ -77,6 +77,17 @@ class Pipeline:
         """Everything committed so far is in Kafka (the producer confirms only acked LSNs)."""
         self.source.wait_confirmed(self.source.current_lsn(), timeout)
 
+    def wait_snapshots_read(self, timeout: float = 240.0) -> None:
+        """The producer is ready and reads no table any more (/readyz stops saying
+        "snapshotting"); its records may commit later: see ``wait_snapshot_recorded``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, body = self.producer.http("/readyz")
+            if status == 200 and "snapshotting" not in body:
+                return
+            assert time.monotonic() < deadline, self.producer.log()
+            time.sleep(0.5)
+
     def wait_snapshot_recorded(self, table: str, timeout: float = 120.0) -> None:
         """The table's resume record in ``<prefix>.snapshot`` says its snapshot is complete,
         committed in Kafka. The producer writes it only once the last chunk is acknowledged,

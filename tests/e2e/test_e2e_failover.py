@@ -10,7 +10,6 @@ to the new primary, and a read_committed reader finds every event once with exac
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import time
 import uuid
@@ -21,11 +20,12 @@ import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.conftest import ROOT, Stack
+from tests.conftest import Stack
 from tests.e2e.harness import pipeline, wait_for
 from tests.support.exactly_once import check_exactly_once
+from tests.support.pg_versions import failover_ready, primary_and_standby
 from tests.support.producer_harness import query, sql
-from tests.support.scratch_stack import ScratchStack, free_block
+from tests.support.scratch_stack import ScratchStack
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = [pytest.mark.e2e]
@@ -34,29 +34,9 @@ ACCOUNTS = 200
 
 
 @pytest.fixture(params=[17, 18], ids=lambda m: f"pg{m}")
-def primary_and_standby(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
-    """A primary and its standby of one major, in a state directory of their own (the
-    session's Kafka and registry serve them)."""
-    if not stack.managed:
-        pytest.fail("the failover test starts its own PostgreSQL pair: run with the test stack")
-    major = request.param
-    home = ROOT / ".walbridge" / "pg-failover" / str(major)
-    port = free_block(2)
-    pair = ScratchStack(
-        home,
-        WALBRIDGE_PG_VERSION=str(major),
-        WALBRIDGE_PG_STANDBY="1",
-        WALBRIDGE_PG_PORT=str(port),
-        WALBRIDGE_PG_STANDBY_PORT=str(port + 1),
-    )
-    # A pair left by an earlier run (perhaps failed over): start from a fresh primary.
-    pair.run("down", "postgres", "postgres-2")
-    shutil.rmtree(home / "postgres", ignore_errors=True)
-    pair.up("postgres", "postgres-2")
-    try:
-        yield pair
-    finally:
-        pair.run("down", "postgres", "postgres-2")
+def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
+    with primary_and_standby(stack, request.param, "pg-failover") as scratch:
+        yield scratch
 
 
 def _transfers(
@@ -88,26 +68,13 @@ def _transfers(
             time.sleep(0.3)
 
 
-def _failover_ready(standby_dsn: str, slot: str) -> bool:
-    """The standby holds the slot as a synced, persistent slot (a temporary one is dropped
-    at promotion): PostgreSQL 17's documented readiness check."""
-    rows = query(
-        standby_dsn,
-        "SELECT synced AND NOT temporary AND NOT conflicting FROM pg_replication_slots "
-        "WHERE slot_name = %s",
-        (slot,),
-    )
-    return bool(rows and rows[0][0])
-
-
 def test_failover_under_load_loses_nothing(
-    primary_and_standby: ScratchStack,
+    pair: ScratchStack,
     spark: SparkSession,
     kafka_bootstrap: str,
     registry_url: str,
     tmp_path: Path,
 ) -> None:
-    pair = primary_and_standby
     env = pair.exports()
     dsn, standby_dsn = env["WALBRIDGE_PG_DSN"], env["WALBRIDGE_PG_STANDBY_DSN"]
     s = f"e2e_fo_{uuid.uuid4().hex[:8]}"
@@ -132,7 +99,7 @@ def test_failover_under_load_loses_nothing(
             wait_for("some transfers", lambda: len(done) > 200, timeout=60)
             wait_for(
                 "the standby to hold the synced slot",
-                lambda: _failover_ready(standby_dsn, p.source.slot),
+                lambda: failover_ready(standby_dsn, p.source.slot),
                 timeout=120,
             )
             before = len(done)

@@ -6,7 +6,6 @@ the ones it skipped and why. Skips on servers before 18, naming the version."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -53,13 +52,7 @@ def test_published_stored_generated_columns_reach_the_lake_and_verify_compares_t
             p.producer.env["WALBRIDGE_SNAPSHOT"] = "initial"
             p.producer.env["WALBRIDGE_SNAPSHOT_CHUNK_ROWS"] = "1000"
             p.start_producer()
-            deadline = time.monotonic() + 240
-            while True:
-                status, body = p.producer.http("/readyz")
-                if status == 200 and "snapshotting" not in body:
-                    break
-                assert time.monotonic() < deadline, p.producer.log()
-                time.sleep(0.5)
+            p.wait_snapshots_read(240)
             p.sql(
                 f"INSERT INTO {full} (id, a, b) SELECT g, g, 'n' || g"
                 " FROM generate_series(3001, 3100) g",

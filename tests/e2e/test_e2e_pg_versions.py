@@ -82,13 +82,7 @@ def test_the_whole_pipeline_on_each_postgresql_major(
             )
             writer.start()
             p.start_producer()
-            deadline = time.monotonic() + 180
-            while True:
-                status, body = p.producer.http("/readyz")
-                if status == 200 and "snapshotting" not in body:
-                    break
-                assert time.monotonic() < deadline, p.producer.log()
-                time.sleep(0.5)
+            p.wait_snapshots_read(180)
             stop.set()
             writer.join(30)
             p.sql(

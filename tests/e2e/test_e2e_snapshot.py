@@ -73,13 +73,7 @@ def test_existing_rows_of_every_table_shape_reach_the_lake(
             writer = threading.Thread(target=write, daemon=True)
             writer.start()
             p.start_producer()
-            deadline = time.monotonic() + 240
-            while True:
-                status, body = p.producer.http("/readyz")
-                if status == 200 and "snapshotting" not in body:
-                    break
-                assert time.monotonic() < deadline, p.producer.log()
-                time.sleep(0.5)
+            p.wait_snapshots_read(240)
             stop.set()
             writer.join(30)
             p.wait_published()

@@ -5,14 +5,14 @@ stops with the slot-loss error instead of starting quietly from the new primary'
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from tests.conftest import ROOT, Stack
+from tests.conftest import Stack
+from tests.support.pg_versions import failover_ready, primary_and_standby
 from tests.support.producer_harness import (
     ProducerProcess,
     Source,
@@ -22,34 +22,15 @@ from tests.support.producer_harness import (
     query,
     unique,
 )
-from tests.support.scratch_stack import ScratchStack, free_block
+from tests.support.scratch_stack import ScratchStack
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(params=[16, 17, 18], ids=lambda m: f"pg{m}")
 def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
-    """A primary and its standby of one major in a state directory of their own (the
-    session's Kafka and registry serve them)."""
-    if not stack.managed:
-        pytest.fail("the failover test starts its own PostgreSQL pair: run with the test stack")
-    major = request.param
-    home = ROOT / ".walbridge" / "pg-failover-producer" / str(major)
-    port = free_block(2)
-    scratch = ScratchStack(
-        home,
-        WALBRIDGE_PG_VERSION=str(major),
-        WALBRIDGE_PG_STANDBY="1",
-        WALBRIDGE_PG_PORT=str(port),
-        WALBRIDGE_PG_STANDBY_PORT=str(port + 1),
-    )
-    scratch.run("down", "postgres", "postgres-2")
-    shutil.rmtree(home / "postgres", ignore_errors=True)  # a fresh primary, never failed over
-    scratch.up("postgres", "postgres-2")
-    try:
+    with primary_and_standby(stack, request.param, "pg-failover-producer") as scratch:
         yield scratch
-    finally:
-        scratch.run("down", "postgres", "postgres-2")
 
 
 def _wait(what: str, check: object, timeout: float) -> None:
@@ -57,16 +38,6 @@ def _wait(what: str, check: object, timeout: float) -> None:
     while not check():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.3)
-
-
-def _standby_has_synced_slot(standby_dsn: str, slot: str) -> bool:
-    rows = query(
-        standby_dsn,
-        "SELECT synced AND NOT temporary AND NOT conflicting FROM pg_replication_slots "
-        "WHERE slot_name = %s",
-        (slot,),
-    )
-    return bool(rows and rows[0][0])
 
 
 def _replayed(standby_dsn: str, table: str, rows: int) -> bool:
@@ -92,7 +63,7 @@ def test_producer_follows_a_failover_or_stops_when_the_slot_is_not_synced(
     insert_batches(dsn, table, 1, 5, 2)  # ids 1-10
     source.wait_confirmed(source.current_lsn())
     if major >= 17:
-        _wait("the synced slot", lambda: _standby_has_synced_slot(standby_dsn, source.slot), 120)
+        _wait("the synced slot", lambda: failover_ready(standby_dsn, source.slot), 120)
     # The standby is asynchronous: a failover before it replayed the table would lose it.
     _wait("the standby's replay", lambda: _replayed(standby_dsn, table, 10), 60)
     failover = pair.run("failover")

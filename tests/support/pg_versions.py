@@ -10,7 +10,9 @@ differs between the rows of the matrix.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,41 @@ def pg_dsn_of(stack: Stack, pg_dsn: str) -> Iterator[Callable[[int], str]]:
     yield dsn_of
     for scratch, _ in started.values():
         scratch.run("down", "postgres")
+
+
+@contextmanager
+def primary_and_standby(stack: Stack, major: int, name: str) -> Iterator[ScratchStack]:
+    """A fresh primary and its streaming standby of one major (`WALBRIDGE_PG_STANDBY=1`), in a
+    state directory of their own under the session's home; the session's Kafka and registry
+    serve them. Stopped afterwards."""
+    if not stack.managed:
+        pytest.fail("this test starts its own PostgreSQL pair: run it with the test stack")
+    home = Path(os.environ.get("WALBRIDGE_HOME", ROOT / ".walbridge")) / name / str(major)
+    port = free_block(2)
+    pair = ScratchStack(
+        home,
+        WALBRIDGE_PG_VERSION=str(major),
+        WALBRIDGE_PG_STANDBY="1",
+        WALBRIDGE_PG_PORT=str(port),
+        WALBRIDGE_PG_STANDBY_PORT=str(port + 1),
+    )
+    # A pair left by an earlier run (perhaps failed over): start from a fresh primary.
+    pair.run("down", "postgres", "postgres-2")
+    shutil.rmtree(home / "postgres", ignore_errors=True)
+    pair.up("postgres", "postgres-2")
+    try:
+        yield pair
+    finally:
+        pair.run("down", "postgres", "postgres-2")
+
+
+def failover_ready(standby_dsn: str, slot: str) -> bool:
+    """The standby holds the slot as a synced, persistent slot (a temporary one, not yet caught
+    up with the primary's, is dropped at promotion): PostgreSQL 17's readiness check."""
+    rows = query(
+        standby_dsn,
+        "SELECT synced AND NOT temporary AND NOT conflicting FROM pg_replication_slots "
+        "WHERE slot_name = %s",
+        (slot,),
+    )
+    return bool(rows and rows[0][0])
