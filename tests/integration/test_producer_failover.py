@@ -27,7 +27,7 @@ from tests.support.scratch_stack import ScratchStack
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=[16, 17, 18], ids=lambda m: f"pg{m}")
+@pytest.fixture(params=[15, 16, 17, 18], ids=lambda m: f"pg{m}")
 def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
     with primary_and_standby(stack, request.param, "pg-failover-producer") as scratch:
         yield scratch
@@ -88,3 +88,49 @@ def test_producer_follows_a_failover_or_stops_when_the_slot_is_not_synced(
     )
     ids = sorted(r.key["id"] for r in records)
     assert ids == list(range(1, 21))  # each row once (read_committed, exactly-once)
+
+
+@pytest.fixture(params=[16], ids=lambda m: f"pg{m}")
+def standby_pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
+    """16: the first major that decodes on a standby (the oldest one the README promises)."""
+    with primary_and_standby(stack, request.param, "pg-standby-reader") as scratch:
+        yield scratch
+
+
+def test_producer_streams_from_a_standby_and_refuses_snapshots_there(
+    standby_pair: ScratchStack, kafka_bootstrap: str, registry_url: str
+) -> None:
+    env = standby_pair.exports()
+    primary, standby_dsn = env["WALBRIDGE_PG_DSN"], env["WALBRIDGE_PG_STANDBY_DSN"]
+    table = unique("sb")
+    create_counter_table(primary, table)
+    # The publication is made on the primary; a standby can create nothing.
+    on_primary = Source.create(primary, [table], "sb")
+    source = Source(standby_dsn, on_primary.publication, on_primary.slot, on_primary.prefix)
+    _wait("the standby's replay", lambda: _replayed(standby_dsn, table, 0), 60)
+    refused = ProducerProcess(source, kafka_bootstrap, registry_url, snapshot="initial")
+    refused.start(wait_ready=False)
+    assert refused.proc is not None and refused.proc.wait(120) == 2, refused.log()
+    assert "reads from a standby" in refused.log() and "--snapshot never" in refused.log()
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url)  # --snapshot never
+    producer.start(wait_ready=False)
+    try:
+        # Creating a slot on a standby waits for a running-transactions record from the
+        # primary: log one now and then until the producer is ready.
+        deadline = time.monotonic() + 120
+        while True:
+            query(primary, "SELECT pg_log_standby_snapshot()")
+            try:
+                producer.wait_ready(timeout=2)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, producer.log()
+        insert_batches(primary, table, 1, 5, 2)  # ids 1-10, written on the primary
+        records = TopicReader(kafka_bootstrap, registry_url).read(
+            [f"{source.prefix}.public.{table}"], expect=10, timeout=120
+        )
+        assert sorted(r.key["id"] for r in records) == list(range(1, 11))
+        assert query(standby_dsn, "SELECT pg_is_in_recovery()")[0][0] is True
+    finally:
+        # The pair is made afresh for each run, slot and publication with it.
+        assert producer.stop() == 0, producer.log()
