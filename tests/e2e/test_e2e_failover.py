@@ -120,3 +120,6 @@ def test_failover_under_load_loses_nothing(
         p.assert_equal()
         assert p.producer.proc is not None and p.producer.proc.poll() is None, p.producer.log()
         assert p.producer.stop() == 0, p.producer.log()
+        log = p.producer.log_path.read_text(errors="replace")
+        assert "reconnected on a new timeline" in log
+        assert "synchronized_standby_slots empty" not in log  # the stack sets it

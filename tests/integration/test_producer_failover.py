@@ -5,6 +5,7 @@ stops with the slot-loss error instead of starting quietly from the new primary'
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -27,7 +28,13 @@ from tests.support.scratch_stack import ScratchStack
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=[15, 16, 17, 18], ids=lambda m: f"pg{m}")
+# 15 and 16 must stop (exit 3). 17 and 18 follow the failover: the producer alone here, run on
+# request (TEST_FAILOVER_ALL_MAJORS=1); the whole pipeline under load, with the same checks of
+# the producer's log, runs in the suite (tests/e2e/test_e2e_failover.py).
+_MAJORS = [15, 16, 17, 18] if os.environ.get("TEST_FAILOVER_ALL_MAJORS") else [15, 16]
+
+
+@pytest.fixture(params=_MAJORS, ids=lambda m: f"pg{m}")
 def pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
     with primary_and_standby(stack, request.param, "pg-failover-producer") as scratch:
         yield scratch
