@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from producer.pgoutput import Column, Relation
 from schemas import published_columns
@@ -79,18 +80,47 @@ class SnapshotTable:
         )
 
 
-def published(conn: psycopg.Connection[Any], publication: str) -> dict[str, int]:
+class CatalogLocked(Exception):
+    """A published table is locked (ACCESS EXCLUSIVE: DDL, VACUUM FULL, LOCK TABLE). Since
+    PostgreSQL 16, pg_publication_tables opens every table to list its columns, so it waits
+    for such a lock; the streaming thread must not, and asks again later."""
+
+
+def _published_rows(
+    conn: psycopg.Connection[Any], publication: str, lock_wait_ms: int | None
+) -> list[Any]:
+    if lock_wait_ms is None:
+        return conn.execute(_TABLES, (publication,)).fetchall()
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(lock_wait_ms))
+            return conn.execute(_TABLES, (publication,)).fetchall()
+    except psycopg.errors.LockNotAvailable as exc:
+        # Not an OperationalError to the session: the connection is fine, the table is busy.
+        raise CatalogLocked(str(exc)) from None
+
+
+def published(
+    conn: psycopg.Connection[Any], publication: str, lock_wait_ms: int | None = None
+) -> dict[str, int]:
     """``schema.table`` -> oid of every table the publication sends (roots when it publishes
-    via the partition root: pg_publication_tables lists what pgoutput names)."""
-    rows = conn.execute(_TABLES, (publication,)).fetchall()
+    via the partition root: pg_publication_tables lists what pgoutput names). With
+    ``lock_wait_ms``, CatalogLocked when a published table stays locked that long."""
+    rows = _published_rows(conn, publication, lock_wait_ms)
     return {f"{schema}.{name}": int(oid) for oid, schema, name, _ident in rows}
 
 
-def describe(conn: psycopg.Connection[Any], publication: str, collection: str) -> SnapshotTable:
-    """One published table, as the snapshot reads it; KeyError when it is not published."""
+def describe(
+    conn: psycopg.Connection[Any],
+    publication: str,
+    collection: str,
+    lock_wait_ms: int | None = None,
+) -> SnapshotTable:
+    """One published table, as the snapshot reads it; KeyError when it is not published,
+    CatalogLocked as for ``published``."""
     rows = {
         f"{s}.{n}": (int(oid), s, n, ident)
-        for oid, s, n, ident in conn.execute(_TABLES, (publication,)).fetchall()
+        for oid, s, n, ident in _published_rows(conn, publication, lock_wait_ms)
     }
     oid, schema, name, ident = rows[collection]
     identity: tuple[str, ...] = ()

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 _PROGRESS_EVERY_S = 10.0
 _NEW_TABLES_EVERY_S = 10.0
+# The streaming thread's catalog look-ups wait this long for a locked table (catalog.CatalogLocked),
+# and a window that could not be opened for it is tried again this much later.
+_LOCK_WAIT_MS = 200
+_LOCKED_RETRY_S = 1.0
 
 
 class SnapshotSink(Protocol):
@@ -132,6 +136,7 @@ class SnapshotCoordinator:
         self._unconfirmed: list[tuple[int, TableState]] = []  # (commit_lsn, state to write)
         self._next_progress_log = 0.0
         self._next_table_check = 0.0
+        self._open_after = 0.0  # a locked table's window is tried again from then on
 
     # --- start-up ----------------------------------------------------------------------------
 
@@ -193,6 +198,15 @@ class SnapshotCoordinator:
     # --- the next window -----------------------------------------------------------------------
 
     def _open_next(self) -> None:
+        try:
+            self._open_next_window()
+        except catalog.CatalogLocked as exc:
+            # The table stays queued (so /readyz and the progress table say it is being
+            # snapshotted); the stream goes on, and tick() tries again.
+            self._open_after = time.monotonic() + _LOCKED_RETRY_S
+            log.info("snapshot waits for a locked table", extra={"error": str(exc)})
+
+    def _open_next_window(self) -> None:
         if self.window is not None:
             return
         if self._rereads:
@@ -236,7 +250,7 @@ class SnapshotCoordinator:
         snapshot is dropped)."""
         try:
             table: SnapshotTable = self._sql.run(
-                lambda conn: catalog.describe(conn, self._publication, name)
+                lambda conn: catalog.describe(conn, self._publication, name, _LOCK_WAIT_MS)
             )
         except KeyError:
             self._left_publication(name)
@@ -552,7 +566,13 @@ class SnapshotCoordinator:
                 extra={"tables": tables, "lsn": format_lsn(lsn)},
             )
             return
-        published = self._sql.run(lambda conn: catalog.published(conn, self._publication))
+        published: Iterable[str]
+        try:
+            published = self._sql.run(
+                lambda conn: catalog.published(conn, self._publication, _LOCK_WAIT_MS)
+            )
+        except catalog.CatalogLocked:
+            published = self._known  # a published table is locked: what was published so far
         for table in tables:
             if table not in published:
                 log.error(
@@ -592,7 +612,7 @@ class SnapshotCoordinator:
         if self._auto and now >= self._next_table_check:
             self._next_table_check = now + _NEW_TABLES_EVERY_S
             self._check_new_tables()
-        if self.window is None and (self._queue or self._rereads):
+        if self.window is None and (self._queue or self._rereads) and now >= self._open_after:
             self._open_next()
 
     def _report_progress(self) -> None:
@@ -612,8 +632,10 @@ class SnapshotCoordinator:
 
     def _check_new_tables(self) -> None:
         try:
-            published = self._sql.run(lambda conn: catalog.published(conn, self._publication))
-        except psycopg.Error as exc:
+            published = self._sql.run(
+                lambda conn: catalog.published(conn, self._publication, _LOCK_WAIT_MS)
+            )
+        except (psycopg.Error, catalog.CatalogLocked) as exc:
             log.warning("could not list the publication's tables", extra={"error": str(exc)})
             return
         for table in sorted(set(published) - self._known):

@@ -16,6 +16,7 @@ from unittest.mock import MagicMock
 import pytest
 
 from producer.pgoutput import Column
+from producer.snapshot import catalog
 from producer.snapshot import coordinator as coordinator_module
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
@@ -84,11 +85,20 @@ class FakeSink:
         self.states.append(state)
 
 
+# Tables whose describe() finds them locked (ACCESS EXCLUSIVE), set by a test.
+locked: set[str] = set()
+
+
 @pytest.fixture
 def published(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     tables = {NAME}
+    locked.clear()
 
-    def describe(conn: Any, publication: str, name: str) -> SnapshotTable:
+    def describe(
+        conn: Any, publication: str, name: str, lock_wait_ms: int | None = None
+    ) -> SnapshotTable:
+        if name in locked:
+            raise catalog.CatalogLocked(f"canceling statement due to lock timeout ({name})")
         if name not in tables:
             raise KeyError(name)
         return TABLE
@@ -183,6 +193,26 @@ def test_rows_to_read_again_are_in_the_resume_record_until_published(published: 
     assert not again.active
 
 
+def test_a_locked_table_stays_queued_without_holding_the_stream(
+    published: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL 16+'s pg_publication_tables waits for an ACCESS EXCLUSIVE lock: describe()
+    gives up (CatalogLocked), the table stays queued and is opened once the lock is gone."""
+    clock = [100.0]
+    monkeypatch.setattr(coordinator_module.time, "monotonic", lambda: clock[0])
+    coord = _coordinator(FakeSink())
+    locked.add(NAME)
+    coord.start({}, [NAME], [NAME])
+    coord.tick()  # the look-up times out: no window, but the table is still queued
+    assert coord.window is None and coord.active and coord.describe() == "snapshotting"
+    locked.clear()
+    coord.tick()  # too soon: a locked table is tried again only after a pause
+    assert coord.window is None
+    clock[0] += 1.5
+    coord.tick()
+    assert coord.window is not None and coord.describe() == f"snapshotting {NAME}"
+
+
 def test_a_table_that_left_the_publication_drops_its_rereads_with_a_log_line(
     published: set[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -231,7 +261,7 @@ def _keyless_window(
     monkeypatch: pytest.MonkeyPatch, sink: FakeSink
 ) -> tuple[SnapshotCoordinator, Window]:
     """A coordinator whose queue holds the table without a key, and the window it submitted."""
-    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n: KEYLESS)
+    monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n, w=None: KEYLESS)
     monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 4)
     monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
     FakeReader.windows = []
