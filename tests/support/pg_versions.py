@@ -51,6 +51,8 @@ def pg_dsn_of(stack: Stack, pg_dsn: str) -> Iterator[Callable[[int], str]]:
                 WALBRIDGE_PG_VERSION=str(major),
                 WALBRIDGE_PG_PORT=str(free_block(1)),
             )
+            # A server left running there by an earlier session listens on another port.
+            scratch.run("down", "postgres")
             scratch.up("postgres")
             started[major] = (scratch, scratch.exports()["WALBRIDGE_PG_DSN"])
         return started[major][1]
