@@ -229,8 +229,18 @@ _INTERVAL_RE: Final = re.compile(
 )
 
 
+# PostgreSQL 17+'s infinite intervals, as the server itself stores them (and sends them in
+# binary): every field at its largest (``infinity``) or smallest (``-infinity``) value.
+INTERVAL_INFINITY: Final = {"months": 2**31 - 1, "days": 2**31 - 1, "micros": 2**63 - 1}
+INTERVAL_MINUS_INFINITY: Final = {"months": -(2**31), "days": -(2**31), "micros": -(2**63)}
+
+
 def interval_text(data: bytes) -> dict[str, int]:
     """Hand-parsed: psycopg's loader folds months into 30-day days, which is lossy."""
+    if data == b"infinity":
+        return dict(INTERVAL_INFINITY)
+    if data == b"-infinity":
+        return dict(INTERVAL_MINUS_INFINITY)
     m = _INTERVAL_RE.match(data)
     if m is None or not data:
         raise ValueError("not an interval in IntervalStyle 'postgres'")

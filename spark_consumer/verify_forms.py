@@ -36,11 +36,16 @@ class ColumnInfo:
 
 FLOATS = ("float4", "float8")
 
+# PostgreSQL 17+'s infinite intervals are kept in the lake as the server stores them: every
+# field at its largest or smallest value (schemas.pg_datetime.INTERVAL_INFINITY).
 _INTERVAL_SQL = (
+    "CASE WHEN {c} IS NULL THEN NULL WHEN isfinite({c}) THEN "
     "(extract(year from {c})*12 + extract(month from {c}))::bigint || ',' || "
     "extract(day from {c})::bigint || ',' || "
     "((extract(hour from {c})*3600 + extract(minute from {c})*60)*1000000"
-    " + extract(microseconds from {c}))::bigint"
+    " + extract(microseconds from {c}))::bigint "
+    "WHEN {c} > interval '0' THEN '2147483647,2147483647,9223372036854775807' "
+    "ELSE '-2147483648,-2147483648,-9223372036854775808' END"
 )
 
 

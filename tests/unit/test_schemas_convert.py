@@ -235,6 +235,23 @@ def test_interval_binary_keeps_the_three_parts(us: int, days: int, months: int) 
     assert decoded == {"months": months, "days": days, "micros": us}
 
 
+@pytest.mark.parametrize(
+    ("text", "us", "days", "months"),
+    [
+        (b"infinity", 2**63 - 1, 2**31 - 1, 2**31 - 1),
+        (b"-infinity", -(2**63), -(2**31), -(2**31)),
+    ],
+)
+def test_infinite_intervals_text_equals_binary(
+    text: bytes, us: int, days: int, months: int
+) -> None:
+    """PostgreSQL 17+ sends 'infinity'/'-infinity' in text, and its stored extremes in binary."""
+    m = mapping(1186)
+    from_text = avro_round_trip(m, m.text(text))
+    assert from_text == avro_round_trip(m, m.binary(struct.pack("!qii", us, days, months)))
+    assert from_text == {"months": months, "days": days, "micros": us}
+
+
 def test_array_text_and_binary_agree_with_nulls_dims_and_bounds() -> None:
     m = mapping(1007)  # int4[]
     text = b"[0:1][1:3]={{1,NULL,3},{4,5,NULL}}"
