@@ -271,6 +271,12 @@ def test_proto2_streamed_commit(env: Env) -> None:
 
 
 def test_proto2_streamed_transaction_rolled_back(env: Env) -> None:
+    major = env.sql.execute("SELECT current_setting('server_version_num')::int / 10000")
+    if (row := major.fetchone()) is not None and row[0] >= 18:
+        # 18 does not stream a transaction it already knows to be rolled back (the walsender
+        # decodes after the ROLLBACK here), so no StreamAbort comes; a subtransaction's
+        # StreamAbort is still parsed in test_proto2_rolled_back_subtransaction.
+        pytest.skip("PostgreSQL 18+ skips streaming a transaction known to be rolled back")
     t = env.qualified("s")
     env.sql.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, pad text)")
 
