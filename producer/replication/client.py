@@ -155,13 +155,7 @@ class ReplicationClient:
             try:
                 return observe_slot(session, self._config.slot)
             except psycopg.Error as exc:
-                raise ReplicationError(
-                    ErrorKind.SERVER,
-                    "can't read pg_replication_slots",
-                    slot=self._config.slot,
-                    server_message=str(exc),
-                    sqlstate=exc.sqlstate,
-                ) from exc
+                raise self._server_error("can't read pg_replication_slots", exc) from exc
 
     def drop_slot(self) -> None:
         """Drop the configured slot if it exists (what is left of a lost slot, before a new one
@@ -174,14 +168,18 @@ class ReplicationClient:
                     (self._config.slot,),
                 )
             except psycopg.Error as exc:
-                raise ReplicationError(
-                    ErrorKind.SERVER,
-                    "can't drop the lost slot",
-                    slot=self._config.slot,
-                    server_message=str(exc),
-                    sqlstate=exc.sqlstate,
-                ) from exc
+                raise self._server_error("can't drop the lost slot", exc) from exc
         log.warning("dropped the lost replication slot", extra={"slot": self._config.slot})
+
+    def _server_error(self, detail: str, exc: psycopg.Error) -> ReplicationError:
+        """A SQL session's failure as the client reports every server refusal."""
+        return ReplicationError(
+            ErrorKind.SERVER,
+            detail,
+            slot=self._config.slot,
+            server_message=str(exc),
+            sqlstate=exc.sqlstate,
+        )
 
     def _session(self) -> psycopg.Connection:
         conninfo = sql_conninfo(

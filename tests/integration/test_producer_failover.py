@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Stack
-from tests.support.pg_versions import failover_ready, primary_and_standby
+from tests.support.pg_versions import failover_ready, primary_and_standby, server_major
 from tests.support.producer_harness import (
     ProducerProcess,
     Source,
@@ -62,7 +62,7 @@ def test_producer_follows_a_failover_or_stops_when_the_slot_is_not_synced(
     env = pair.exports()
     dsn, standby_dsn = env["WALBRIDGE_PG_DSN"], env["WALBRIDGE_PG_STANDBY_DSN"]
     assert "," in dsn  # the multi-host DSN that reaches whichever node is primary
-    major = int(query(dsn, "SELECT current_setting('server_version_num')::int / 10000")[0][0])
+    major = server_major(dsn)
     table = unique("fo")
     create_counter_table(dsn, table)
     source = Source.create(dsn, [table], "fo")

@@ -271,8 +271,7 @@ def test_proto2_streamed_commit(env: Env) -> None:
 
 
 def test_proto2_streamed_transaction_rolled_back(env: Env) -> None:
-    major = env.sql.execute("SELECT current_setting('server_version_num')::int / 10000")
-    if (row := major.fetchone()) is not None and row[0] >= 18:
+    if env.sql.info.server_version >= 180000:
         # 18 does not stream a transaction it already knows to be rolled back (the walsender
         # decodes after the ROLLBACK here), so no StreamAbort comes; a subtransaction's
         # StreamAbort is still parsed in test_proto2_rolled_back_subtransaction.
