@@ -10,6 +10,7 @@ emitter's state); everything else arrives decoded here (the careful path).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -33,6 +34,7 @@ from producer.events import (
 from producer.health import HealthState
 from producer.kafka_sink import DeliveryCallback, KafkaSink
 from producer.kafka_transactions import KafkaTransactions
+from producer.marker_writer import MarkerWriter
 from producer.metrics import Metrics
 from producer.pgoutput import Begin, Commit, Delete, Insert, Message, Truncate, Update, format_lsn
 from producer.snapshot.catalog import SnapshotTable
@@ -50,6 +52,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_EVERY: Final = 1024  # events between two rounds of delivery reports and confirmation
+# Per-table event counts go to Prometheus and to the Kafka commit policy's event and byte
+# limits this often (and on idle ticks): flushing them per commit cost a labels() lookup and a
+# locked inc() per table and topic, more than a one-change transaction's own records.
+COUNTS_EVERY_S: Final = 0.2
 ANY_PARTITION: Final = -1  # confluent-kafka's produce(): let the partitioner choose
 
 
@@ -125,6 +131,10 @@ class EventEmitter:
         self.partial = partial
         self.since_poll = 0
         self._counts: dict[str, list[int]] = {}  # topics without a TableRoute (markers, messages)
+        self._next_counts = 0.0
+        self._count_children: dict[str, tuple[Any, Any]] = {}  # name -> (events, bytes)
+        self.markers = MarkerWriter(fixed.tx_key.schema_id, fixed.tx_value.schema_id)
+        self._marker_counts = self._counts_for(fixed.tx_topic)
         # (table, value schema id, snapshot marker) -> the writer of that table's "r" events
         self._read_writers: dict[tuple[str, int, str], TableEnvelopeWriter] = {}
 
@@ -173,13 +183,11 @@ class EventEmitter:
             )
         tx.splittable = False  # its END goes with the rest of it
         if tx.event_count:
-            self.produce_marker(tx.end_marker())
+            self.produce_end_marker(tx)
             self.metrics.transactions.inc()
         self.tracker.close(ticket, message.end_lsn)
         self.last_commit_lsn = message.commit_lsn
         self.tx = self.ticket = self.callback = None
-        self.sink.poll(0)
-        self.flush_counts()
         return tx
 
     def abandon(self) -> None:
@@ -332,7 +340,7 @@ class EventEmitter:
         tx = self._require_tx("snapshot row", lsn)
         tx.splittable = False  # the rows are read for this transaction, not resent with it
         if tx.event_count == 0:
-            self.produce_marker(tx.begin_marker())
+            self.produce_begin_marker(tx)
         if last:
             self._emit_read_run(route, rows[:-1], "true", tx, lsn)
             self._emit_read_run(route, rows[-1:], "last", tx, lsn)
@@ -435,17 +443,23 @@ class EventEmitter:
 
     def begin_marker_once(self, tx: Transaction) -> None:
         if tx.event_count == 0 and not tx.resume_after:
-            self.produce_marker(tx.begin_marker())
+            self.produce_begin_marker(tx)
 
-    def produce_marker(self, marker: dict[str, Any]) -> None:
-        tx = self.tx
-        assert tx is not None  # markers are produced inside a transaction only
-        fixed = self.fixed
+    def produce_begin_marker(self, tx: Transaction) -> None:
+        """``tx.begin_marker()``, encoded by the marker writer (Transaction gives the dicts, the
+        reference the unit tests compare the bytes with)."""
+        encoded, markers = tx.encoded, self.markers
         self.produce(
-            fixed.tx_topic,
-            self._counts_for(fixed.tx_topic),
-            fixed.tx_key.encode(tx.marker_key()),
-            fixed.tx_value.encode(marker),
+            self.fixed.tx_topic, self._marker_counts, markers.key(encoded), markers.begin(encoded)
+        )
+
+    def produce_end_marker(self, tx: Transaction) -> None:
+        encoded, markers = tx.encoded, self.markers
+        self.produce(
+            self.fixed.tx_topic,
+            self._marker_counts,
+            markers.key(encoded),
+            markers.end(encoded, tx.event_count, tx.collections),
         )
 
     def produce(
@@ -480,7 +494,7 @@ class EventEmitter:
         self.sink.poll(0)
         control = self.control
         control.confirm_acked()
-        self.flush_counts()
+        self.flush_counts_if_due(time.monotonic())
         eot, tx = self.eot, self.tx
         if eot is not None and tx is not None and tx.splittable and tx.event_count and eot.due():
             # A big source transaction: commit what it has produced so far, go on in a new one.
@@ -498,21 +512,34 @@ class EventEmitter:
             counts = self._counts[name] = [0, 0]
         return counts
 
+    def flush_counts_if_due(self, now: float) -> None:
+        if now >= self._next_counts:
+            self.flush_counts()
+
     def flush_counts(self) -> None:
-        """Per-table counts go to Prometheus per commit, not per event (labels() + a locked
-        inc() per event cost more than the Kafka produce call)."""
+        """Per-table counts go to Prometheus every COUNTS_EVERY_S, not per event or commit
+        (labels() + a locked inc() per event cost more than the Kafka produce call)."""
+        self._next_counts = time.monotonic() + COUNTS_EVERY_S
         for route in self.routes.values():
-            self._flush_count(route.table, route.counts)
+            if route.counts[0]:
+                self._flush_count(route.table, route.counts)
         for name, counts in self._counts.items():
-            self._flush_count(name, counts)
+            if counts[0]:
+                self._flush_count(name, counts)
 
     def _flush_count(self, name: str, counts: list[int]) -> None:
-        if counts[0]:
-            self.metrics.events.labels(name).inc(counts[0])
-            self.metrics.event_bytes.labels(name).inc(counts[1])
-            if self.eot is not None:
-                self.eot.count(counts[0], counts[1])
-            counts[0] = counts[1] = 0
+        children = self._count_children.get(name)
+        if children is None:
+            metrics = self.metrics
+            children = self._count_children[name] = (
+                metrics.events.labels(name),
+                metrics.event_bytes.labels(name),
+            )
+        children[0].inc(counts[0])
+        children[1].inc(counts[1])
+        if self.eot is not None:
+            self.eot.count(counts[0], counts[1])
+        counts[0] = counts[1] = 0
 
     def _require_tx(self, what: str, lsn: int) -> Transaction:
         if self.tx is None:

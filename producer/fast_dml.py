@@ -83,7 +83,7 @@ def fast_dml(emitter: EventEmitter, decoder: Decoder) -> FastDml:
         # From here on as EventEmitter._emit_row with its produce, inlined.
         count = tx.event_count
         if count == 0:
-            em.produce_marker(tx.begin_marker())
+            em.produce_begin_marker(tx)
         count = tx.event_count = count + 1
         table = route.table
         collections = tx.collections

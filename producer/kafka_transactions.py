@@ -65,13 +65,14 @@ class KafkaTransactions:
         self.exit_after_commits = exit_after_commits
         self.data_commits = 0  # commits that carried events
         # Since the open Kafka transaction began: events and bytes produced (counted by the
-        # pipeline's per-commit metric flush), source transactions finished, and the last
-        # finished one's end LSN and position.
+        # emitter's metric flush, at most COUNTS_EVERY_S late), source transactions finished,
+        # and the last finished one's end LSN and position.
         self.events = 0
         self.bytes = 0
         self.sources = 0
         self._finished_lsn: int | None = None
         self._position: ResumePoint | None = None
+        self._finished: tuple[int, int] | None = None  # (commit LSN, events): a newer position
         self.committed_lsn = 0  # end LSN of the last source transaction finished and committed
         self.committed: ResumePoint | None = None
 
@@ -100,7 +101,14 @@ class KafkaTransactions:
         self.sources += 1
         self._finished_lsn = end_lsn
         if event_count:
-            self._position = ResumePoint(commit_lsn, event_count, complete=True)
+            # The ResumePoint is made at the commit: one source transaction in thousands needs it.
+            self._finished = (commit_lsn, event_count)
+
+    def _latest_position(self) -> ResumePoint | None:
+        if self._finished is not None:
+            self._position = ResumePoint(*self._finished, complete=True)
+            self._finished = None
+        return self._position
 
     def due(self) -> bool:
         if not self.sink.in_transaction:
@@ -126,7 +134,7 @@ class KafkaTransactions:
         sink = self.sink
         if not sink.in_transaction:
             return
-        position = self._position
+        position = self._latest_position()
         if partial is not None:
             position = ResumePoint(partial[0], partial[1], complete=False)
         carries_events = position is not None and position != self.committed
@@ -169,4 +177,5 @@ class KafkaTransactions:
             self.metrics.kafka_transactions.labels("aborted").inc()
             self.events = self.bytes = self.sources = 0
             self._finished_lsn = None
+            self._finished = None
             self._position = self.committed

@@ -208,7 +208,7 @@ def main() -> None:
             }
             producer_ratio = run_bench(
                 "bench_producer.py",
-                ["--changes", str(args.changes)],
+                ["--changes", str(args.changes), "--runs", "1", "--exactly-once", "on"],
                 env,
                 r"ratio producer / pg_recvlogical = ([0-9.]+)",
             )

@@ -1,33 +1,46 @@
-"""Benchmark: the producer's end-to-end rate vs pg_recvlogical, in the same run.
+"""Benchmark: the producer's end-to-end rate vs pg_recvlogical on the same WAL, per transaction
+shape, exactly-once on and off, median over several runs.
 
-Run (needs the local stack; a few minutes for the default 1M changes):
+Run (needs the local stack, and a quiet machine: the 1-minute load is printed before each run):
 
-    .walbridge/venv/bin/python tests/bench/bench_producer.py [--changes N] [--tx-size N] [--profile]
+    .walbridge/venv/bin/python tests/bench/bench_producer.py [--shape big|small|tpcb]
+        [--changes N] [--runs 5] [--exactly-once on|off|both] [--profile] [--json FILE]
 
-Workload: ``--changes`` row changes on the 8-column table of bench_replication.py (int8, text,
-numeric(12,2), timestamptz, jsonb, bool, text[], enum): half inserts, half updates, in
-transactions of ``--tx-size`` rows. A pgoutput slot is created before the data and copied
-(pg_copy_logical_replication_slot), so both readers decode the same WAL from the same start:
+Shapes, on the 8-column table of bench_replication.py (int8, text, numeric(12,2), timestamptz,
+jsonb, bool, text[], enum):
+  big    transactions of 1,000 changes (half inserts, then half updates); default 1M changes
+  small  one-change transactions (half inserts, then half updates); default 250,000
+  tpcb   5-change transactions (one insert and four updates, the TPC-B shape); default 500,000
+The WAL is written once (a PL/pgSQL procedure commits each transaction), with a pgoutput slot
+created before it. Each run copies that slot twice (pg_copy_logical_replication_slot), so both
+readers decode the same WAL from the same start:
 
   pg_recvlogical   proto 1, --endpos=<end>, -f /dev/null (the walsender's ceiling)
   producer         ``python -m producer run`` (a subprocess, real Kafka and registry), timed
                    from start until the slot's confirmed_flush_lsn reaches <end>: every event
-                   acknowledged by Kafka and the LSN confirmed
+                   acknowledged by Kafka (and committed, with exactly-once) and the LSN confirmed
 
-It prints both rates, their ratio (target >= 0.6), the producer's CPU and peak RSS. With
-``--profile`` the producer runs under cProfile and the top functions are printed.
+Per run: both times, the ratio producer / pg_recvlogical, the producer's main-thread CPU per
+change and process CPU (all threads, librdkafka's included) per transaction, peak RSS, and the
+1-minute load before and after. Then the medians per exactly-once mode. Targets (issue 42):
+big >= 0.8 with <= 10 us main-thread CPU per change, small >= 0.5, tpcb >= 0.6.
+With ``--profile`` the producer runs under cProfile (one run) and the top functions print.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pstats
+import statistics
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Final
 
 import psycopg
 from psycopg import sql
@@ -35,7 +48,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replication import create_workload, drop_workload, generate, pg_dsn, time_recvlogical
 
-from producer.pgoutput import format_lsn, parse_lsn
+from producer.pgoutput import parse_lsn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,54 +140,189 @@ def run_producer(
     return ended - began, ended - (first or began), cpu, main, rss
 
 
+SHAPES: Final = {"big": (1000, 1_000_000), "small": (1, 250_000), "tpcb": (5, 500_000)}
+TARGETS: Final = {"big": 0.8, "small": 0.5, "tpcb": 0.6}
+
+
+def generate_shape(db: psycopg.Connection, schema: str, shape: str, changes: int) -> int:
+    """Write ``changes`` changes in the shape's transactions; returns the transaction count.
+    One-change and 5-change transactions come from a procedure that commits in its loop: a
+    round trip per transaction from here would take longer than the benchmark itself."""
+    if shape == "big":
+        inserts = changes // 2
+        generate(db, schema, inserts, 1000)
+        update(db, schema, changes - inserts, 1000)
+        return -(-inserts // 1000) - (-(changes - inserts) // 1000)
+    table, mood = sql.Identifier(schema, "rows"), sql.Identifier(schema, "mood")
+    proc = sql.Identifier(schema, "write_shape")
+    row = sql.SQL(
+        "INSERT INTO {} VALUES (g, 'name-' || g, (g % 100000) / 100.0, now(),"
+        " jsonb_build_object('g', g, 'tag', 'bench'), g % 2 = 0, ARRAY['a', g::text],"
+        " (ARRAY['sad', 'ok', 'happy'])[g % 3 + 1]::{})"
+    ).format(table, mood)
+    bump = sql.SQL("UPDATE {} SET price = price + 1, active = NOT active WHERE id = ").format(table)
+    if shape == "small":  # n inserts then n updates, one per transaction
+        body = sql.SQL(
+            "FOR g IN 1..n LOOP {row}; COMMIT; END LOOP;"
+            " FOR g IN 1..n LOOP {bump} g; COMMIT; END LOOP;"
+        ).format(row=row, bump=bump)
+        transactions = changes
+    else:  # tpcb: one insert and four updates of earlier rows per transaction
+        body = sql.SQL(
+            "FOR g IN 1..n LOOP {row};"
+            " {bump} greatest(g - 1, 1); {bump} greatest(g - 2, 1);"
+            " {bump} greatest(g - 3, 1); {bump} greatest(g - 4, 1); COMMIT; END LOOP;"
+        ).format(row=row, bump=bump)
+        transactions = changes // 5
+    db.execute(
+        sql.SQL(
+            "CREATE PROCEDURE {}(n int8) LANGUAGE plpgsql AS $$ DECLARE g int8; BEGIN {} END $$"
+        ).format(proc, body)
+    )
+    db.execute(
+        sql.SQL("CALL {}(%s)").format(proc), (changes // 2 if shape == "small" else transactions,)
+    )
+    return transactions
+
+
+@dataclass
+class Result:
+    exactly_once: bool
+    load_before: float
+    load_after: float
+    recv_s: float
+    producer_s: float
+    steady_s: float
+    cpu_s: float
+    main_s: float
+    rss_kb: int
+
+    @property
+    def ratio(self) -> float:
+        return self.recv_s / self.producer_s
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--changes", type=int, default=1_000_000)
-    parser.add_argument("--tx-size", type=int, default=1000)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="big")
+    parser.add_argument("--changes", type=int, help="default: the shape's")
+    parser.add_argument("--runs", type=int, default=5, help="runs per exactly-once mode")
+    parser.add_argument("--exactly-once", choices=("on", "off", "both"), default="both")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the runs and medians here")
     args = parser.parse_args()
+    tx_size, default_changes = SHAPES[args.shape]
+    changes = args.changes or default_changes
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.exactly_once]
+    runs = 1 if args.profile else args.runs
 
     env = stack_env()
     dsn = env.get("WALBRIDGE_PG_DSN") or pg_dsn()
     env["WALBRIDGE_PG_DSN"] = dsn
     tag = uuid.uuid4().hex[:8]
-    schema, publication = f"bench_{tag}", f"bench_pub_{tag}"
-    slots = [f"bench_{tag}_recv", f"bench_{tag}_producer"]
-    inserts = args.changes // 2
+    schema, publication, base = f"bench_{tag}", f"bench_pub_{tag}", f"bench_{tag}_base"
+    slots = [base]
+    results: list[Result] = []
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
-            create_workload(db, schema, publication, slots[0])
+            create_workload(db, schema, publication, base)
             began = time.perf_counter()
-            generate(db, schema, inserts, args.tx_size)
-            update(db, schema, args.changes - inserts, args.tx_size)
-            print(f"generated {args.changes} changes in {time.perf_counter() - began:.1f}s")
+            transactions = generate_shape(db, schema, args.shape, changes)
+            print(
+                f"shape {args.shape}: {changes:,} changes in {transactions:,} transactions of "
+                f"{tx_size}, written in {time.perf_counter() - began:.1f}s"
+            )
             row = db.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
             assert row is not None
             end_lsn = parse_lsn(row[0])
-            db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (slots[0], slots[1]))
-            recv = time_recvlogical(dsn, slots[0], publication, end_lsn, args.changes)
-            print(f"pg_recvlogical {recv.seconds:7.2f}s {recv.rate:10,.0f} changes/s")
-            profile = f"/tmp/bench_producer_{tag}.prof" if args.profile else None
-            seconds, steady, cpu, main, rss = run_producer(
-                env, slots[1], publication, f"bench{tag}", end_lsn, profile
-            )
-            rate = args.changes / seconds
-            print(
-                f"producer       {seconds:7.2f}s {rate:10,.0f} changes/s (acked + confirmed to "
-                f"{format_lsn(end_lsn)}); CPU {cpu:.1f}s ({cpu / seconds:.0%} of one core), "
-                f"main thread {main:.1f}s = {main / args.changes * 1e6:.1f} us/change "
-                f"({main / seconds:.0%}); peak RSS {rss / 1024:.0f} MB"
-            )
-            print(f"ratio producer / pg_recvlogical = {rate / recv.rate:.3f} (target >= 0.6)")
-            print(
-                f"after start-up (from the first confirmed transaction, {seconds - steady:.1f}s in):"
-                f" {args.changes / steady:,.0f} changes/s, ratio "
-                f"{args.changes / steady / recv.rate:.3f}"
-            )
-            if profile:
-                pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+            for run in range(runs):
+                for exactly_once in modes:  # interleaved: a drifting load hits both alike
+                    recv_slot, producer_slot = (
+                        f"{base}_r{run}{exactly_once:d}",
+                        f"{base}_p{run}{exactly_once:d}",
+                    )
+                    slots += [recv_slot, producer_slot]
+                    for slot in (recv_slot, producer_slot):
+                        db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
+                    before = load1()
+                    recv = time_recvlogical(dsn, recv_slot, publication, end_lsn, changes)
+                    profile = f"/tmp/bench_producer_{tag}.prof" if args.profile else None
+                    seconds, steady, cpu, main_cpu, rss = run_producer(
+                        env | {"WALBRIDGE_EXACTLY_ONCE": "true" if exactly_once else "false"},
+                        producer_slot, publication, f"bench{tag}", end_lsn, profile,
+                    )  # fmt: skip
+                    result = Result(
+                        exactly_once, before, load1(), recv.seconds, seconds, steady, cpu,
+                        main_cpu, rss,
+                    )  # fmt: skip
+                    results.append(result)
+                    for slot in (recv_slot, producer_slot):
+                        drop_slot(db, slot)
+                    print(
+                        f"run {run + 1} exactly-once {'on ' if exactly_once else 'off'}: "
+                        f"pg_recvlogical {recv.seconds:6.2f}s, producer {seconds:6.2f}s "
+                        f"({changes / seconds:,.0f} changes/s), ratio {result.ratio:.3f}; "
+                        f"main thread {main_cpu / changes * 1e6:.1f} us/change, process CPU "
+                        f"{cpu / transactions * 1e6:.1f} us/transaction; peak RSS "
+                        f"{rss / 1024:.0f} MB; load {before:.2f} -> {result.load_after:.2f}"
+                    )
+                    if profile:
+                        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         finally:
             drop_workload(db, schema, publication, slots)
+    summary = summarize(args.shape, changes, transactions, results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def drop_slot(db: psycopg.Connection, slot: str) -> None:
+    db.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    )
+
+
+def summarize(
+    shape: str, changes: int, transactions: int, results: list[Result]
+) -> dict[str, object]:
+    """Print the medians per mode; the last line is the exactly-once-on ratio (or off's, when
+    only off ran), the line bench_pg_versions.py reads."""
+    medians: dict[str, dict[str, float]] = {}
+    for exactly_once in (False, True):
+        mine = [r for r in results if r.exactly_once == exactly_once]
+        if not mine:
+            continue
+        mode = "on" if exactly_once else "off"
+        medians[mode] = {
+            "ratio": statistics.median(r.ratio for r in mine),
+            "main_us_per_change": statistics.median(r.main_s / changes * 1e6 for r in mine),
+            "cpu_us_per_transaction": statistics.median(r.cpu_s / transactions * 1e6 for r in mine),
+            "producer_changes_per_s": statistics.median(changes / r.producer_s for r in mine),
+            "max_load_before": max(r.load_before for r in mine),
+        }
+        m = medians[mode]
+        print(
+            f"median of {len(mine)} ({shape}, exactly-once {mode}): ratio {m['ratio']:.3f} "
+            f"(target >= {TARGETS[shape]}), main thread {m['main_us_per_change']:.1f} us/change, "
+            f"process CPU {m['cpu_us_per_transaction']:.1f} us/transaction, "
+            f"{m['producer_changes_per_s']:,.0f} changes/s; highest load before a run "
+            f"{m['max_load_before']:.2f}"
+        )
+    headline = medians.get("on") or medians["off"]
+    print(f"ratio producer / pg_recvlogical = {headline['ratio']:.3f}")
+    return {
+        "benchmark": "bench_producer",
+        "shape": shape,
+        "changes": changes,
+        "transactions": transactions,
+        "runs": [asdict(r) | {"ratio": r.ratio} for r in results],
+        "medians": medians,
+    }
 
 
 if __name__ == "__main__":

@@ -88,6 +88,15 @@ class FakeSink:
         return 0
 
 
+def _marker_encoders() -> SimpleNamespace:
+    """What the emitter reads of FixedEncoders when it is made (the markers' schema ids)."""
+    return SimpleNamespace(
+        tx_topic="db.transaction",
+        tx_key=SimpleNamespace(schema_id=1),
+        tx_value=SimpleNamespace(schema_id=2),
+    )
+
+
 def test_pipeline_asks_for_short_ticks_while_acks_are_outstanding() -> None:
     config = load_config(
         [],
@@ -105,7 +114,7 @@ def test_pipeline_asks_for_short_ticks_while_acks_are_outstanding() -> None:
         heartbeat_interval_s=0.0, heartbeat_topic="db.heartbeat", heartbeat_encoder=None,
     )  # type: ignore[arg-type]  # fmt: skip
     emitter = EventEmitter(
-        names=SourceNames("1", "db", "db"), fixed=None, sink=sink, tracker=tracker,
+        names=SourceNames("1", "db", "db"), fixed=_marker_encoders(), sink=sink, tracker=tracker,
         tables=SimpleNamespace(routes={}), eot=None, metrics=metrics, health=health,
         control=control, keep_alive=stop.check, publish_messages=False, resume_lsn=0,
         partial=None,
