@@ -53,13 +53,13 @@ def test_the_site_builds_strictly_and_offline(tmp_path: Path) -> None:
     assert "WARNING" not in result.stderr, result.stderr[-4000:]
     # The hook ran in the build above; checked again here so a hook left out of mkdocs.yml fails.
     assert offline_site.remote_assets_in_site(site) == {}
-    for page in ("index.html", "configuration/index.html", "benchmarks/index.html"):
+    for page in ("index.html", "configuration.html", "benchmarks.html"):
         assert (site / page).is_file(), page
-    reference = (site / "configuration" / "index.html").read_text("utf-8")
+    reference = (site / "configuration.html").read_text("utf-8")
     for name in ("WALBRIDGE_PG_DSN", "WALBRIDGE_LAKE_PATH", "WALBRIDGE_SPARK_MASTER"):
         assert name in reference, name
-    assert (site / "CONTRACT" / "index.html").is_file()
-    assert (site / "ARCHITECTURE" / "index.html").is_file()
+    assert (site / "CONTRACT.html").is_file()
+    assert (site / "ARCHITECTURE.html").is_file()
 
 
 @pytest.mark.parametrize(
