@@ -1,7 +1,7 @@
 """A downstream consumer of walbridge's topics in plain Python: whole source transactions, in
 commit order, each event applied once, into an in-memory copy of the tables.
 
-What it shows (README, "Consuming the events downstream"):
+What it shows (docs/downstream.md):
 - confluent-kafka's DeserializingConsumer with the registry's AvroDeserializer for keys and
   values (writer schemas fetched by id: new columns simply appear as new dict keys);
 - `isolation.level=read_committed`, so a producer running with Kafka transactions never shows
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         required=True,
         help="schema.table, repeatable, read from topic <prefix>.<schema>.<table> (names of "
-        "[A-Za-z0-9_-] only: README's Names rule gives other names another topic part)",
+        "[A-Za-z0-9_-] only: the names rule of docs/event-format.md gives other names another topic part)",
     )
     ap.add_argument("--group", default="walbridge-example")
     ap.add_argument("--idle-exit-s", type=float, help="stop after this long without a record")

@@ -9,7 +9,7 @@ Exit status:
   3  the replication slot is lost (missing though Kafka shows it existed, ``wal_status`` lost,
      invalidated, or a failover to a server without it): the error names the slot, the reason
      and the WAL range that can no longer be read. With ``--on-slot-loss resnapshot`` the
-     producer starts over with a new slot instead (README, "Slot loss and failover").
+     producer starts over with a new slot instead (docs/postgresql-versions.md, "Slot loss and failover").
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class ProducerConfig:
     timestamptz_format: str = setting(
         TIMESTAMPTZ_MICROS,
         help="timestamp-micros: Avro's timestamp-micros (UTC), typed for Avro readers; "
-        "zoned-string: Debezium's ZonedTimestamp ISO string (README, 'timestamptz')",
+        "zoned-string: Debezium's ZonedTimestamp ISO string (docs/downstream-tools.md, 'timestamptz')",
     )
     exactly_once: bool = setting(
         True,

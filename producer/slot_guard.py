@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 EXIT_SLOT_LOST = 3
 RESTART_HINT = (
     "To start over with a new slot and a snapshot of every published table, restart with "
-    "--on-slot-loss resnapshot (WALBRIDGE_ON_SLOT_LOSS=resnapshot); README, 'Slot loss and "
-    "failover'"
+    "--on-slot-loss resnapshot (WALBRIDGE_ON_SLOT_LOSS=resnapshot); docs/postgresql-versions.md, "
+    "'Slot loss and failover'"
 )
 RESNAPSHOT_ACTION = (
     "--on-slot-loss resnapshot: dropping what is left of the slot, creating a new one and "

@@ -10,7 +10,7 @@ written with fastavro's ``("string", text)`` branch notation, as PostgreSQL's ow
 psycopg's loaders parse the in-range text values; they raise ``DataError`` for BC dates,
 infinities and ``24:00:00``, and fold interval months into 30-day days. Those edges are
 handled here by hand, each marked with a comment. Text values assume the replication session
-runs with ``DateStyle=ISO``, ``IntervalStyle=postgres`` and ``TimeZone=UTC`` (see README).
+runs with ``DateStyle=ISO``, ``IntervalStyle=postgres`` and ``TimeZone=UTC`` (see docs/producer.md).
 """
 
 from __future__ import annotations

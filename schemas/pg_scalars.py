@@ -155,7 +155,7 @@ def money_binary(data: bytes) -> str:
     """int8 minor units -> text as PostgreSQL prints it with ``lc_monetary`` C or en_US.
 
     Hand-written because psycopg has no money loader; the binary form carries no locale, so
-    this assumes 2 fractional digits, '$' and ',' grouping (documented in the README).
+    this assumes 2 fractional digits, '$' and ',' grouping (docs/downstream-tools.md).
     """
     (cents,) = struct.unpack("!q", data)
     whole, frac = divmod(abs(cents), 100)

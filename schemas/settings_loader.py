@@ -154,7 +154,7 @@ def parser_for(cls: type, prog: str, description: str) -> argparse.ArgumentParse
         allow_abbrev=False,
     )
     for s in declared(cls):
-        text = f"{s.help} (env {s.env}; {_shown_default(s)})"
+        text = f"{s.help} (env {s.env}; {shown_default(s)})"
         if s.is_bool:
             group = parser.add_mutually_exclusive_group()
             group.add_argument(
@@ -237,7 +237,8 @@ def _parsed(s: Setting, text: str | None, source: str) -> Any:
         raise SettingsError(f"{source}: {exc}") from None
 
 
-def _shown_default(s: Setting) -> str:
+def shown_default(s: Setting) -> str:
+    """How `--help` and the generated configuration reference (docs/) show a default."""
     if s.required:
         return "required"
     if s.secret or s.default in ("", None) or s.default == {}:

@@ -1,5 +1,5 @@
 """`WALBRIDGE_TABLES`: a comma-separated list of `schema.table`, read by the producer and by
-`verify` (README, "Configuration"). Pure functions.
+`verify` (docs/producer.md and docs/configuration.md). Pure functions.
 
 A name is either unquoted, taken literally as written (no case folding: `Sales.Orders` is the
 table `Orders` in schema `Sales`; spaces inside are kept, spaces around are not), or quoted the

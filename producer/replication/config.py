@@ -204,8 +204,8 @@ class ReplicationConfig:
             raise ReplicationError(
                 ErrorKind.CONFIG,
                 f"failover slots need PostgreSQL 17 or later; the server is PostgreSQL {major}: "
-                "use --failover-slot auto or off (a failover then loses the slot, see the "
-                "README, 'Slot loss and failover')",
+                "use --failover-slot auto or off (a failover then loses the slot, see "
+                "docs/postgresql-versions.md, 'Slot loss and failover')",
                 slot=self.slot,
             )
         return self.failover_slot != "off" and server_version >= FAILOVER_MIN_VERSION

@@ -365,7 +365,7 @@ def main() -> None:
                 + ", ".join(f"{n} {v:.0f} s" for n, v in totals.items())
             )
             # Records left waiting are read again by the next batch: Spark spreads the cap by
-            # offsets, not transactions (README, "Bounded batches").
+            # offsets, not transactions (docs/lake.md, "Bounded batches").
             print(
                 "per batch (transactions applied / records left waiting / seconds / seconds "
                 "per 100k transactions): "

@@ -12,7 +12,7 @@ With deletion vectors a MERGE writes the new rows and marks the old ones; withou
 rewrites each file that holds an updated row. After the batches, a full scan of each copy shows
 what the readers pay for the vectors. Ratios are "without / with" (> 1: without is slower).
 
-Run (README figures):
+Run (figures in docs/benchmarks.md):
   .walbridge/venv/bin/python tests/bench/bench_consumer_deletion_vectors.py --rows 1000000 --changes 50000 --batches 3
 """
 

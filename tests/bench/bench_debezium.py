@@ -10,7 +10,7 @@ Run (needs the local stack; installs Debezium Server 3.6.3 with deploy/local/deb
 maps, a TOASTed column, and the same transactions (insert, update leaving the TOASTed value alone,
 a key change, delete, truncate), read by walbridge and by Debezium (each its own slot and topic
 prefix). Both topics are decoded with the registry and compared event by event, field by field;
-the differences are printed as a table (the README's "walbridge and Debezium").
+the differences are printed as a table (docs/downstream-tools.md, "Envelope differences").
 
 ``throughput``: the producer benchmark's workload (tests/bench/bench_producer.py: the 8-column
 table, half inserts, half updates, 1000 rows per transaction), written once; a slot created before

@@ -129,7 +129,7 @@ def recvlogical_binary() -> str:
 
 
 def create_workload(db: psycopg.Connection, schema: str, publication: str, slot: str) -> None:
-    """The 8-column table ``<schema>.rows`` (the README's producer benchmark table), published by
+    """The 8-column table ``<schema>.rows`` (the producer benchmark's table, docs/benchmarks.md), published by
     ``publication``, and a pgoutput ``slot`` created before any data."""
     table = sql.Identifier(schema, "rows")
     mood = sql.Identifier(schema, "mood")

@@ -1,7 +1,7 @@
 """Other engines read the lake: delta-rs (`deltalake`) and DuckDB's `delta` extension open the
 tables the consumer writes with deletion vectors (the default) and without them
 (`lake_deletion_vectors` off), after inserts, updates and deletes, and see exactly the rows
-PostgreSQL has. The protocol each mode leaves is checked too (README "Reading the lake with
+PostgreSQL has. The protocol each mode leaves is checked too (docs/lake.md, "Reading the lake with
 other engines" lists it), and a consumer started in the other mode on an existing lake stops.
 """
 

@@ -5,7 +5,7 @@ equal to PostgreSQL (verify over `sslmode=verify-full`), and no password appears
 producer's metrics, or the progress table.
 
 The other e2e tests marked `secure_stack` run on the secure stack with
-`deploy/local/test tests/e2e --secure-stack` (README, "The local stack").
+`deploy/local/test tests/e2e --secure-stack` (docs/local-stack.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The consumer against the real stack: events written per the README's event format to Kafka and the
+"""The consumer against the real stack: events written per docs/event-format.md to Kafka and the
 registry (tests/support/event_writer.py), read by the streaming query (available-now), applied
 to Delta. One Spark session for the module; scenarios share a topic prefix per test."""
 

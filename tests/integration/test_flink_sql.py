@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 FLINK_SQL = ROOT / "deploy" / "local" / "flink-sql"
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
-# How each column is declared in Flink SQL, next to its PostgreSQL type (README: "Flink SQL").
+# How each column is declared in Flink SQL, next to its PostgreSQL type (docs/downstream-tools.md, "Flink SQL").
 COLUMNS = (
     ("id", "int", "INT"),
     ("code", "text NOT NULL", "STRING"),
@@ -43,7 +43,7 @@ COLUMNS = (
     ("clock", "time", "BIGINT"),  # micros since midnight
     ("span", "interval", "ROW<months INT, days INT, micros BIGINT>"),
 )
-# The README's way to get a Flink timestamp out of a timestamptz column.
+# docs/downstream-tools.md's way to get a Flink timestamp out of a timestamptz column.
 COMPUTED = "at_ltz AS TO_TIMESTAMP_LTZ(`at` / 1000, 3)"
 
 

@@ -99,7 +99,7 @@ def test_producer_follows_a_failover_or_stops_when_the_slot_is_not_synced(
 
 @pytest.fixture(params=[16], ids=lambda m: f"pg{m}")
 def standby_pair(request: pytest.FixtureRequest, stack: Stack) -> Iterator[ScratchStack]:
-    """16: the first major that decodes on a standby (the oldest one the README promises)."""
+    """16: the first major that decodes on a standby (the oldest one docs/postgresql-versions.md promises)."""
     with primary_and_standby(stack, request.param, "pg-standby-reader") as scratch:
         yield scratch
 

@@ -34,7 +34,7 @@ from tests.support.pg_versions import pg_dsn_of  # noqa: F401
 pytestmark = pytest.mark.integration
 
 SCHEMA = f"wb_schemas_rt_{os.getpid()}"
-# The producer's session settings for text values (see README); synchronous_commit on because the
+# The producer's session settings for text values (see docs/producer.md); synchronous_commit on because the
 # SQL peek functions only read WAL that is flushed, and the local stack runs with it off.
 SESSION = (
     "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET IntervalStyle = 'postgres'; "

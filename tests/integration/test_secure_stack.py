@@ -74,7 +74,7 @@ def test_least_privilege_producer_refusals_and_no_secret_in_output(
     source = Source.create(admin, [table], "walbridge_sec")
     topic = f"{source.prefix}.public.{table}"
 
-    # The least-privilege role of the README: REPLICATION and SELECT on the published table;
+    # The least-privilege role of docs/producer.md: REPLICATION and SELECT on the published table;
     # an administrator created the publication (Source.create, as the admin role).
     role, role_password = unique("walbridge_cdc"), secrets.token_hex(16)
     with psycopg.connect(admin, autocommit=True) as conn:

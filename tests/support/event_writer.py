@@ -1,4 +1,4 @@
-"""Write producer-shaped events exactly per the README's "Event format", independent of the producer.
+"""Write producer-shaped events exactly per docs/event-format.md, independent of the producer.
 
 Schemas are built here from the contract text (not from `schemas/`), so the consumer's side of the
 contract is pinned by tests even if the producer drifts. Values are framed by confluent-kafka's

@@ -150,7 +150,7 @@ def test_huge_counts_fail_fast_instead_of_allocating_or_looping() -> None:
             Decoder().decode(payload)
 
 
-# The fuzzer of tests/fuzz/ (the 1M-payload run is a README command): a small run here.
+# The fuzzer of tests/fuzz/ (the 1M-payload run is a command in docs/development.md): a small run here.
 
 
 def test_real_captures_decode_and_both_paths_agree_on_them() -> None:
