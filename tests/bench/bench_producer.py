@@ -101,11 +101,18 @@ def proc_stat(pid: int) -> tuple[float, float, int]:
 
 
 def run_producer(
-    env: dict[str, str], slot: str, publication: str, prefix: str, end_lsn: int, profile: str | None
+    env: dict[str, str],
+    slot: str,
+    publication: str,
+    prefix: str,
+    end_lsn: int,
+    profile: str | None,
+    root: Path = ROOT,
 ) -> tuple[float, float, float, float, int]:
     """(seconds to the end LSN, seconds from the first confirmed transaction to it, process
     CPU, main-thread CPU, peak RSS kB). The second figure leaves out the start-up (imports,
-    connections, topic and schema set-up: about 1-2 s here), which pg_recvlogical hardly has."""
+    connections, topic and schema set-up: about 1-2 s here), which pg_recvlogical hardly has.
+    ``root``: the checkout whose producer runs (compare.py runs other commits' so)."""
     child_env = (
         {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
         | env
@@ -125,7 +132,7 @@ def run_producer(
         start_lsn = confirmed(db, slot)
         began = time.perf_counter()
         first = None
-        proc = subprocess.Popen(command, cwd=ROOT, env=child_env)
+        proc = subprocess.Popen(command, cwd=root, env=child_env | {"PYTHONPATH": str(root)})
         while (lsn := confirmed(db, slot)) < end_lsn:
             if first is None and lsn > start_lsn:
                 first = time.perf_counter()
