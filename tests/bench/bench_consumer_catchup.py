@@ -63,7 +63,8 @@ from spark_consumer.session import build_session
 from spark_consumer.source import start
 from spark_consumer.union import union_all
 from spark_consumer.writer_schemas import WriterSchemas
-from tests.bench.bench_verify import Peak, rss_kb
+from tests.bench.bench_verify import Peak
+from tests.bench.proc_usage import rss_kb
 from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 

@@ -56,6 +56,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_producer import stack_env
 from bench_replication import generate
+from proc_usage import Busy, measure_background, rss_kb
 
 from producer.config import load_config
 from producer.kafka_sink import producer_settings
@@ -90,50 +91,6 @@ def time_copy(dsn: str, schema: str) -> float:
             for _block in copy:
                 pass
         return time.perf_counter() - began
-
-
-def _rss_kb(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return 0
-    match = re.search(r"VmRSS:\s+(\d+) kB", status)
-    return int(match.group(1)) if match else 0
-
-
-def machine_busy_s() -> float:
-    """Core-seconds every CPU of this machine spent working since boot (/proc/stat: user, nice,
-    system, irq, softirq; not idle, iowait or a hypervisor's steal): the difference around a
-    phase is what that phase cost the whole machine, PostgreSQL, Kafka and this process."""
-    user, nice, system, _idle, _iowait, irq, softirq = (
-        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    )
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
-class Busy:
-    """Machine core-seconds spent during a `with` block (see machine_busy_s), less what the
-    machine spends at rest over as long (`background`, cores busy: measure_background)."""
-
-    def __init__(self, background: float) -> None:
-        self.background = background
-
-    def __enter__(self) -> Busy:
-        self.began = machine_busy_s()
-        self.wall = time.perf_counter()
-        self.seconds = 0.0
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        spent = machine_busy_s() - self.began
-        self.seconds = max(0.0, spent - self.background * (time.perf_counter() - self.wall))
-
-
-def measure_background(seconds: float = 5.0) -> float:
-    """Cores busy while nothing of the benchmark runs (the stack at rest, anything else)."""
-    began, wall = machine_busy_s(), time.perf_counter()
-    time.sleep(seconds)
-    return (machine_busy_s() - began) / (time.perf_counter() - wall)
 
 
 def _children_cpu_s() -> float:
@@ -186,7 +143,7 @@ def run_snapshot(
         )
         peak = 0
         while proc.poll() is None:
-            peak = max(peak, _rss_kb(proc.pid))
+            peak = max(peak, rss_kb(proc.pid))
             time.sleep(0.05)
     seconds = time.perf_counter() - began
     cpu_s = _children_cpu_s() - cpu_before  # waited for by poll(): counted in RUSAGE_CHILDREN
