@@ -115,6 +115,18 @@ class ConsumerMetrics:
             "records of incomplete transactions waiting",
             registry=r,
         )
+        self.pending_oldest_age = Gauge(
+            "walbridge_consumer_pending_oldest_age_seconds",
+            "age of the oldest incomplete transaction waiting (0: none waits)",
+            registry=r,
+        )
+        # A counter, not the quarantine table's size: reading the table would cost a Spark job,
+        # and an alert needs only to know that records went there (rate > 0).
+        self.quarantined = Counter(
+            "walbridge_consumer_quarantined_records",
+            "undecodable records written to the quarantine table",
+            registry=r,
+        )
         self._tx_rate: float | None = None
         self._records_rate: float | None = None
         self._last_commit_ts_ms: int | None = None
@@ -142,6 +154,8 @@ class ConsumerMetrics:
             self.rate.set(self._tx_rate)
         self.pending_transactions.set(report.pending_transactions)
         self.pending_records.set(report.pending_records)
+        self.pending_oldest_age.set(report.pending_oldest_age_s or 0.0)
+        self.quarantined.inc(report.quarantined)
 
     def observe_progress(self, progress: Mapping[str, Any]) -> CatchUp | None:
         """Kafka lag, read rate and ETA from Spark's last progress (None: no Kafka offsets)."""

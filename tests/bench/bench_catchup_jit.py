@@ -18,7 +18,6 @@ lines. `--spark-conf KEY=VALUE` (repeatable) sets a session option before the co
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -29,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pyspark.sql import SparkSession
 
 import tests.bench.bench_consumer_catchup as catchup
+from tests.bench.proc_usage import threads
 
-_TICKS = os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time per second
 # Thread name prefixes as HotSpot and Spark set them (the kernel keeps the first 15 bytes).
 _KINDS = (("C2 ", "c2"), ("C1 ", "c1"), ("Executor task", "task"))
 
@@ -45,17 +44,7 @@ def kind(name: str) -> str:
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     """Each live thread of `pid`: its kind and CPU seconds so far (user + system)."""
-    threads: dict[int, tuple[str, float]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue  # the thread ended meanwhile
-        # The name sits between the first "(" and the last ")": it may hold either.
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        threads[int(task.name)] = (kind(name), (int(fields[11]) + int(fields[12])) / _TICKS)
-    return threads
+    return {tid: (kind(t.name), t.seconds) for tid, t in threads(pid).items()}
 
 
 def spent(

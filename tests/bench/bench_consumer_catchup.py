@@ -32,6 +32,9 @@ Reported, all from the same run:
     the JVM (in local mode the JVM also runs the executors; target < 2), and both RSS as the
     batches end (bounded memory: a plateau however long the backlog).
 
+The figures are also written as JSON, with a plot of the batch times over the run (PNG) beside
+it, under --results-dir (tests/bench/bench_output.py says where by default).
+
 Run:
   eval "$(deploy/local/stack env)"
   .walbridge/venv/bin/python tests/bench/bench_consumer_catchup.py --transactions 1000000
@@ -48,6 +51,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -63,7 +67,10 @@ from spark_consumer.session import build_session
 from spark_consumer.source import start
 from spark_consumer.union import union_all
 from spark_consumer.writer_schemas import WriterSchemas
-from tests.bench.bench_verify import Peak, rss_kb
+from tests.bench.bench_output import results_dir, run_base, write_json
+from tests.bench.bench_verify import Peak
+from tests.bench.plots import series_plot
+from tests.bench.proc_usage import rss_kb
 from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 
@@ -209,6 +216,49 @@ def flatness(reports: _Stamped, t0: float, *, warm: bool) -> str:
     )
 
 
+def batch_rows(reports: _Stamped, t0: float) -> list[dict[str, Any]]:
+    """Each batch: when it ended (seconds since t0), its wall time since the previous batch's
+    end, the batch function's own seconds, what it applied and left waiting, its steps."""
+    rows: list[dict[str, Any]] = []
+    since = t0
+    for r, at in zip(reports, reports.at, strict=True):
+        rows.append(
+            {
+                "batch_id": r.batch_id,
+                "ended_s": round(at - t0, 3),
+                "wall_s": round(at - since, 3),
+                "seconds": round(r.seconds, 3),
+                "applied_transactions": r.applied_transactions,
+                "pending_records": r.pending_records,
+                "steps": {k: round(v, 3) for k, v in r.steps.items()},
+            }
+        )
+        since = at
+    return rows
+
+
+def plot_batches(base: Path, batches: list[dict[str, Any]]) -> Path:
+    """Batch times over the run: each batch's wall time, the batch function's own seconds, and
+    the wall time per 100k transactions (flat when every step is linear in its work)."""
+    per_100k = [
+        (b["ended_s"], b["wall_s"] * 100_000 / b["applied_transactions"])
+        for b in batches
+        if b["applied_transactions"]
+    ]
+    return series_plot(
+        base.with_suffix(".png"),
+        {
+            "batch wall time (s)": [(b["ended_s"], b["wall_s"]) for b in batches],
+            "batch function (s)": [(b["ended_s"], b["seconds"]) for b in batches],
+            "wall s per 100k transactions": per_100k,
+        },
+        title="Consumer catch-up: batch times",
+        xlabel="seconds since the consumer started (at each batch's end)",
+        ylabel="seconds",
+        markers=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transactions", type=int, default=1_000_000)
@@ -227,6 +277,12 @@ def main() -> None:
         type=int,
         default=None,
         help="the consumer's batch cap (default: its own default)",
+    )
+    ap.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help=f"where the JSON result and the plot go (default: {results_dir()})",
     )
     args = ap.parse_args()
     # Each line as it is printed, in order with other writers to the same pipe.
@@ -407,6 +463,22 @@ def main() -> None:
                 f"ceiling ÷ producer {producer_s / ceiling_s:.2f}, consumer ÷ ceiling "
                 f"{ceiling_s / consumer_s:.2f}"
             )
+            base = run_base("bench_consumer_catchup", args.results_dir)
+            batches = batch_rows(reports, t0)
+            result = {
+                "transactions": args.transactions,
+                "changes": changes,
+                "warm_jvm": args.warm_jvm,
+                "max_offsets_per_trigger": args.max_offsets_per_trigger,
+                "producer_s": producer_s,
+                "consumer_s": consumer_s,
+                "ceiling_s": ceiling_s,
+                "ratio_consumer_to_producer": producer_s / consumer_s,
+                "batch_seconds_per_step": totals,
+                "rss_kb": {"before": peak.before, "peak": peak.peak},
+                "batches": batches,
+            }
+            print(f"results: {write_json(base, result)}, {plot_batches(base, batches)}")
     finally:
         sql(dsn, f"DROP SCHEMA {s} CASCADE")
         spark.stop()

@@ -16,6 +16,10 @@ batches are slow and would make a one-off start-up cost look like steady-state f
 JIT compiler threads used 0.8 of a core at first under this load, 0.2-0.3 after four minutes;
 the median batch went from 4-5 s in the first minute to 2.5 s.
 
+The figures are also written as JSON (every transaction's delay included), with a plot of the
+freshness distribution (PNG) beside it, under --results-dir (tests/bench/bench_output.py says
+where by default).
+
 Run:
   eval "$(deploy/local/stack env)"
   .walbridge/venv/bin/python tests/bench/bench_consumer_freshness.py --rate 1000 --seconds 60
@@ -42,6 +46,8 @@ from pyspark.sql import functions as F
 from spark_consumer.config import DEFAULT_TRIGGER
 from spark_consumer.session import build_session
 from spark_consumer.source import start
+from tests.bench.bench_output import results_dir, run_base, write_json
+from tests.bench.plots import distribution_plot
 from tests.e2e.harness import pipeline
 from tests.support.producer_harness import sql
 
@@ -81,6 +87,12 @@ def main() -> None:
         default=180.0,
         help="seconds of the same load, applied and left out of the figures, before the timed"
         " load: freshness is a steady-state figure, and a young JVM's first batches are not",
+    )
+    ap.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help=f"where the JSON result and the plot go (default: {results_dir()})",
     )
     args = ap.parse_args()
     dsn = os.environ["WALBRIDGE_PG_DSN"]
@@ -181,6 +193,34 @@ def main() -> None:
                     f"{k} {statistics.median(v):.2f}" for k, v in sorted(trigger_phases.items())
                 )
             )
+            base = run_base("bench_consumer_freshness", args.results_dir)
+            percentiles = {"p50": pct(delays, 50), "p99": pct(delays, 99)}
+            result = {
+                "rate": args.rate,
+                "seconds": args.seconds,
+                "trigger": args.trigger,
+                "per_tx": args.per_tx,
+                "warmup_s": args.warmup,
+                "transactions": len(txs),
+                "freshness_s": {**percentiles, "max": max(delays)},
+                "median_batch_s": pct(seconds, 50),
+                "batch_step_median_s": {k: statistics.median(v) for k, v in steps.items()},
+                "trigger_phase_median_s": {
+                    k: statistics.median(v) for k, v in sorted(trigger_phases.items())
+                },
+                "delays_s": sorted(delays),
+            }
+            plot = distribution_plot(
+                base.with_suffix(".png"),
+                delays,
+                title=(
+                    f"Freshness: source commit to visible in the lake, {len(txs)} transactions at "
+                    f"{args.rate:.0f} changes/s"
+                ),
+                xlabel="seconds",
+                marks=percentiles,
+            )
+            print(f"results: {write_json(base, result)}, {plot}")
     finally:
         sql(dsn, f"DROP SCHEMA {s} CASCADE")
         spark.stop()

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from proc_usage import TICKS_PER_S, task_stat
 from psycopg import sql
 
 from producer.pgoutput import Commit, Decoder, Insert, format_lsn, parse_lsn
@@ -76,7 +77,7 @@ class WalsenderCpu:
 
     @property
     def seconds(self) -> float | None:
-        return sum(self._ticks.values()) / os.sysconf("SC_CLK_TCK") if self._ticks else None
+        return sum(self._ticks.values()) / TICKS_PER_S if self._ticks else None
 
     def _sample(self) -> None:
         with psycopg.connect(self._dsn, autocommit=True) as db:
@@ -87,10 +88,10 @@ class WalsenderCpu:
                 ).fetchone()
                 if row and row[0]:
                     try:
-                        fields = Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()
+                        stat = task_stat(Path(f"/proc/{row[0]}/stat").read_text())
                     except OSError:
                         continue  # the walsender just exited, or another machine's
-                    self._ticks[row[0]] = int(fields[11]) + int(fields[12])  # utime + stime
+                    self._ticks[row[0]] = stat.ticks
 
 
 def pg_dsn() -> str:

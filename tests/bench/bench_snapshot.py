@@ -30,19 +30,27 @@ shared); the producer's CPU time per row and the load average are printed with t
 ``--keyless`` drops the primary key: the table is then read whole in one COPY, spooled to a
 temporary file and published from there in bounded batches (its RSS is the figure to watch).
 With ``--profile`` the producer runs under py-spy (its RSS figure is then py-spy's).
+
+The figures are also written as JSON, with a plot of the snapshot's rate over time (PNG) beside
+it, under --results-dir (tests/bench/bench_output.py says where by default). The rate comes from
+the producer's own ``walbridge_snapshot_rows_total`` (rows published), read from its /metrics
+once a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import re
 import resource
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -51,11 +59,15 @@ import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_output import results_dir, run_base, write_json
 from bench_producer import stack_env
 from bench_replication import generate
+from plots import series_plot
+from proc_usage import Busy, measure_background, rss_kb
 
 from producer.config import load_config
 from producer.kafka_sink import producer_settings
@@ -92,48 +104,36 @@ def time_copy(dsn: str, schema: str) -> float:
         return time.perf_counter() - began
 
 
-def _rss_kb(pid: int) -> int:
+def free_port() -> int:
+    """A loopback port free now (the OS picks it; another process could take it before use)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def published_rows(port: int) -> float | None:
+    """The producer's walbridge_snapshot_rows_total, summed over tables (None: no answer yet)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return 0
-    match = re.search(r"VmRSS:\s+(\d+) kB", status)
-    return int(match.group(1)) if match else 0
-
-
-def machine_busy_s() -> float:
-    """Core-seconds every CPU of this machine spent working since boot (/proc/stat: user, nice,
-    system, irq, softirq; not idle, iowait or a hypervisor's steal): the difference around a
-    phase is what that phase cost the whole machine, PostgreSQL, Kafka and this process."""
-    user, nice, system, _idle, _iowait, irq, softirq = (
-        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "walbridge_snapshot_rows"
+        for sample in family.samples
+        if sample.name == "walbridge_snapshot_rows_total"
     )
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-class Busy:
-    """Machine core-seconds spent during a `with` block (see machine_busy_s), less what the
-    machine spends at rest over as long (`background`, cores busy: measure_background)."""
-
-    def __init__(self, background: float) -> None:
-        self.background = background
-
-    def __enter__(self) -> Busy:
-        self.began = machine_busy_s()
-        self.wall = time.perf_counter()
-        self.seconds = 0.0
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        spent = machine_busy_s() - self.began
-        self.seconds = max(0.0, spent - self.background * (time.perf_counter() - self.wall))
-
-
-def measure_background(seconds: float = 5.0) -> float:
-    """Cores busy while nothing of the benchmark runs (the stack at rest, anything else)."""
-    began, wall = machine_busy_s(), time.perf_counter()
-    time.sleep(seconds)
-    return (machine_busy_s() - began) / (time.perf_counter() - wall)
+def rates(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(seconds, rows/s between the previous sample and this one) from (seconds, rows)."""
+    return [
+        (t, (rows - prev_rows) / (t - prev_t))
+        for (prev_t, prev_rows), (t, rows) in itertools.pairwise(samples)
+        if t > prev_t
+    ]
 
 
 def _children_cpu_s() -> float:
@@ -142,12 +142,18 @@ def _children_cpu_s() -> float:
 
 
 def run_snapshot(
-    env: dict[str, str], schema: str, publication: str, profile: str | None = None
+    env: dict[str, str],
+    schema: str,
+    publication: str,
+    profile: str | None = None,
+    progress: list[tuple[float, float]] | None = None,
 ) -> tuple[float, float, int, float, str]:
     """(seconds from start to exit, seconds from "snapshot started" to "snapshot done", peak
-    RSS kB sampled every 50 ms, CPU seconds of the producer process, its topic prefix)."""
+    RSS kB sampled every 50 ms, CPU seconds of the producer process, its topic prefix).
+    ``progress``, when given, receives (seconds since start, rows published) once a second."""
     tag = uuid.uuid4().hex[:8]
     slot = f"benchs_{tag}"
+    port = free_port() if progress is not None else 0  # 0: no HTTP server
     child_env = (
         {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
         | env
@@ -155,7 +161,8 @@ def run_snapshot(
             "WALBRIDGE_SLOT": slot,
             "WALBRIDGE_PUBLICATION": publication,
             "WALBRIDGE_TOPIC_PREFIX": f"benchs{tag}",
-            "WALBRIDGE_METRICS_PORT": "0",
+            "WALBRIDGE_METRICS_PORT": str(port),
+            "WALBRIDGE_METRICS_HOST": "127.0.0.1",
             "WALBRIDGE_HEARTBEAT_INTERVAL_S": "0",
             "WALBRIDGE_SNAPSHOT": "initial-only",
         }
@@ -185,8 +192,14 @@ def run_snapshot(
             command, cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT
         )
         peak = 0
+        next_sample = began
         while proc.poll() is None:
-            peak = max(peak, _rss_kb(proc.pid))
+            peak = max(peak, rss_kb(proc.pid))
+            if progress is not None and time.perf_counter() >= next_sample:
+                next_sample += 1.0
+                rows = published_rows(port)
+                if rows is not None:
+                    progress.append((time.perf_counter() - began, rows))
             time.sleep(0.05)
     seconds = time.perf_counter() - began
     cpu_s = _children_cpu_s() - cpu_before  # waited for by poll(): counted in RUSAGE_CHILDREN
@@ -309,6 +322,12 @@ def main() -> None:
         "--chunk-rows", type=int, help="the producer's --snapshot-chunk-rows (default: its own)"
     )
     parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help=f"where the JSON result and the plot go (default: {results_dir()})",
+    )
+    parser.add_argument(
         "--ceiling-sample",
         type=int,
         default=1_000_000,
@@ -343,9 +362,10 @@ def main() -> None:
                 f"COPY to nowhere (before): {copy_before:7.1f}s  {args.rows / copy_before:>10,.0f} rows/s"
             )
             load = os.getloadavg()[0]
+            progress: list[tuple[float, float]] = []
             with Busy(background) as snap_cpu:
                 total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
-                    env, schema, f"{schema}_pub", args.profile
+                    env, schema, f"{schema}_pub", args.profile, progress
                 )
             print(
                 f"snapshot into Kafka:      {snap_s:7.1f}s  {args.rows / snap_s:>10,.0f} rows/s"
@@ -416,6 +436,32 @@ def main() -> None:
                 f" {fastavro_encode_us(env['WALBRIDGE_SCHEMA_REGISTRY_URL'], sampled_events):.2f}"
                 f" us per event, the producer's whole path {cpu_s / args.rows * 1e6:.2f} us"
             )
+            base = run_base("bench_snapshot", args.results_dir)
+            result = {
+                "rows": args.rows,
+                "keyless": args.keyless,
+                "chunk_rows": args.chunk_rows,
+                "snapshot_s": snap_s,
+                "process_s": total_s,
+                "copy_s": {"before": copy_before, "after": copy_after},
+                "kafka_ceiling_s": ceiling_s,
+                "ratio_snapshot_to_copy": copy_s / snap_s,
+                "ratio_ceiling_to_copy": copy_s / ceiling_s,
+                "peak_rss_kb": {"snapshot": peak_kb, "idle": idle_kb},
+                "producer_cpu_s": cpu_s,
+                "machine_cpu_s": per_row,
+                "background_cores": background,
+                "load_average": load,
+                "published_rows": progress,
+            }
+            plot = series_plot(
+                base.with_suffix(".png"),
+                {"rows published/s": rates(progress)},
+                title=f"Snapshot of {args.rows:,} rows: rate over time",
+                xlabel="seconds since the producer started",
+                ylabel="rows/s",
+            )
+            print(f"results: {write_json(base, result)}, {plot}")
         finally:
             for s in (schema, empty):
                 db.execute(

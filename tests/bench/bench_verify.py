@@ -31,19 +31,13 @@ from pyspark.sql import functions as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_producer import stack_env
+from proc_usage import rss_kb
 
 from schemas.safe_names import lake_table_path
 from spark_consumer import verify
 from spark_consumer.session import build_session
 
 EPOCH_2026 = 1767225600  # 2026-01-01 00:00:00 UTC
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 class Peak:

@@ -67,6 +67,8 @@ def test_batches_feed_counters_and_the_lag_in_source_time() -> None:
             seconds=2.0,
             pending_transactions=1,
             pending_records=3,
+            pending_oldest_age_s=42.5,
+            quarantined=2,
         ),
         now_ms=13_500,
     )
@@ -78,5 +80,19 @@ def test_batches_feed_counters_and_the_lag_in_source_time() -> None:
     assert "walbridge_consumer_applied_transactions_total 4.0" in text
     assert 'walbridge_consumer_applied_changes_total{table="public.a"} 12.0' in text
     assert "walbridge_consumer_lag_seconds 10.0" in text
+    assert "walbridge_consumer_quarantined_records_total 2.0" in text
+    # Batch 2 left nothing waiting: the oldest pending age falls back to 0.
+    assert "walbridge_consumer_pending_oldest_age_seconds 0.0" in text
     assert "walbridge_consumer_commit_lsn 500.0" in text
     assert "walbridge_consumer_pending_transactions 0.0" in text
+
+
+def test_pending_age_follows_the_last_batch_and_quarantine_adds_up() -> None:
+    m = ConsumerMetrics()
+    m.observe_batch(BatchReport(1, pending_oldest_age_s=42.5, quarantined=2, seconds=1.0))
+    text = generate_latest(m.registry).decode()
+    assert "walbridge_consumer_pending_oldest_age_seconds 42.5" in text
+    m.observe_batch(BatchReport(2, quarantined=3, seconds=1.0))
+    text = generate_latest(m.registry).decode()
+    assert "walbridge_consumer_pending_oldest_age_seconds 0.0" in text
+    assert "walbridge_consumer_quarantined_records_total 5.0" in text
