@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from psycopg import sql
+
 from producer.config import ProducerConfig
 from producer.confirmation import Confirmation
 from producer.delivery import DeliveryTracker
@@ -47,6 +49,7 @@ from producer.replication import (
 )
 from producer.slot_guard import SlotGuard
 from producer.snapshot import catalog as snapshot_catalog
+from producer.snapshot.as_of import AsOf
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.snapshot.pacing import SendDelay
 from producer.sql_session import SqlSession
@@ -74,6 +77,8 @@ from schemas.type_catalog import TypeCatalog
 from schemas.wire import AvroEncoder
 
 if TYPE_CHECKING:
+    import psycopg
+
     from schemas.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
@@ -257,7 +262,25 @@ def _build(
     opened.callback(snapshots.stop)
     emitter.watch(snapshots)
     health.activity = snapshots.describe()
-    slot = ensure_slot(client, cfg.slot, waiting=eot is not None, stop=stop)
+    bounded = initial_needed and loss is None  # an initial snapshot, not a replacing one
+    slot = ensure_slot(
+        client, cfg.slot, waiting=eot is not None, stop=stop, export_snapshot=bounded
+    )
+    exported = slot.snapshot_name
+    if exported is not None:
+        # Valid until the next command on the replication connection: read it first.
+        as_of = sql.run(lambda conn: consistent_point_snapshot(conn, exported))
+        snapshots.bound_initial(as_of)
+        if eot is not None:
+            eot.commit(stop.check)
+        if sink.flush(60.0):
+            raise DeliveryError(
+                emitter.fixed.snapshot_topic, "snapshot state", None, "not acknowledged"
+            )
+        log.info(
+            "initial snapshot bounded by the slot's consistent point",
+            extra={"slot": slot.slot_name, "snapshot": as_of.text()},
+        )
     if slot.created != initial_needed and (cfg.snapshot != "never" or loss is not None):
         log.warning(
             "the slot appeared or vanished during start-up; check for another producer",
@@ -324,15 +347,23 @@ def _replication_config(cfg: ProducerConfig) -> ReplicationConfig:
     )
 
 
-def ensure_slot(client: ReplicationClient, slot: str, *, waiting: bool, stop: StopFlag) -> SlotInfo:
+def ensure_slot(
+    client: ReplicationClient,
+    slot: str,
+    *,
+    waiting: bool,
+    stop: StopFlag,
+    export_snapshot: bool = False,
+) -> SlotInfo:
     """The slot; with exactly-once (``waiting``), wait a while for a fenced producer to let it
     go: it stops at its next Kafka commit (at the latest its next heartbeat's), as during a
-    rolling update where the new pod starts before the old one has stopped."""
+    rolling update where the new pod starts before the old one has stopped. With
+    ``export_snapshot``, a slot created now comes with its exported snapshot's name."""
     deadline = time.monotonic() + (FENCED_SLOT_WAIT_S if waiting else 0)
     delay = 0.5
     while True:
         try:
-            return client.ensure_slot()
+            return client.ensure_slot(export_snapshot=export_snapshot)
         except ReplicationError as exc:
             if exc.kind is not ErrorKind.SLOT_ACTIVE or time.monotonic() + delay > deadline:
                 raise
@@ -452,6 +483,19 @@ def _start_snapshots(
         else:
             log.info("initial snapshot queued", extra={"tables": len(initial)})
     return snapshots, new_slot
+
+
+def consistent_point_snapshot(conn: psycopg.Connection[Any], name: str) -> AsOf:
+    """The exported snapshot of a slot just created, as ``pg_current_snapshot()`` shows it
+    from inside (``SET TRANSACTION SNAPSHOT`` needs a repeatable-read transaction)."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+        row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    finally:
+        conn.execute("ROLLBACK")
+    assert row is not None
+    return AsOf.parse(row[0])
 
 
 def open_registry(

@@ -44,6 +44,10 @@ class TableState:
     # a snapshot that replaces what readers hold (after a lost slot, whose window may hide
     # deletes no event will ever carry), not one that completes it.
     truncate: bool = False
+    # A new slot's initial snapshot: the exported snapshot of its consistent point
+    # (``pg_snapshot`` text, see producer.snapshot.as_of); chunks read only rows unchanged
+    # since, the stream carries the rest. None: read rows as they are (watermarks alone).
+    as_of: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -71,6 +75,8 @@ class TableState:
             del doc["rereads"]  # written only when there are some (older readers don't know it)
         if not self.truncate:
             del doc["truncate"]  # likewise, written only when set
+        if self.as_of is None:
+            del doc["as_of"]
         doc["v"] = FORMAT_VERSION
         return json.dumps(doc, separators=(",", ":")).encode()
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from producer.snapshot.as_of import AsOf
+
 
 def _columns(names: Sequence[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
@@ -27,19 +29,26 @@ def chunk_copy(
     key: Sequence[str],
     after: Sequence[str] | None,
     limit: int,
+    as_of: AsOf | None = None,
 ) -> sql.Composed:
     """``COPY (SELECT columns FROM table [WHERE key > after] ORDER BY key LIMIT limit)
-    TO STDOUT``: the next ``limit`` rows after the cursor, in key order."""
+    TO STDOUT``: the next ``limit`` rows after the cursor, in key order; with ``as_of`` only
+    rows unchanged since that snapshot (``producer.snapshot.as_of``)."""
     if not key:
         raise ValueError(f"{schema}.{table}: a chunked read needs key columns")
     if after is not None and len(after) != len(key):
         raise ValueError(f"{schema}.{table}: cursor {list(after)} does not match key {list(key)}")
     keys = _columns(key)
-    where: sql.Composable = sql.SQL("")
+    conditions: list[sql.Composable] = []
     if after is not None:
-        where = sql.SQL(" WHERE ({}) > ({})").format(
-            keys, sql.SQL(", ").join(sql.Literal(v) for v in after)
+        conditions.append(
+            sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(sql.Literal(v) for v in after))
         )
+    if as_of is not None:
+        conditions.append(as_of.predicate())
+    where: sql.Composable = sql.SQL("")
+    if conditions:
+        where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
     return sql.SQL(
         "COPY (SELECT {columns} FROM {table}{where} ORDER BY {keys} LIMIT {limit}) TO STDOUT"
     ).format(

@@ -21,6 +21,7 @@ import psycopg
 
 from producer.pgoutput import format_lsn
 from producer.snapshot import catalog
+from producer.snapshot.as_of import AsOf
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.copy_text import fields, spooled_batches, tuple_data
 from producer.snapshot.pacing import CatchUpGate
@@ -195,6 +196,16 @@ class SnapshotCoordinator:
             self._queue.append(table)
             self._metrics.snapshot_tables_queued.set(len(self._queue))
 
+    def bound_initial(self, as_of: AsOf) -> None:
+        """The slot this run created, with its consistent point's snapshot: the initial
+        snapshot's tables read only rows unchanged since (``producer.snapshot.as_of``). Their
+        records say so before streaming starts, so a restart reads with the same boundary."""
+        for name in sorted(self._fresh):
+            state = self.states.get(name)
+            if state is not None and state.status == PENDING and not state.truncate:
+                self.states[name] = replace(state, as_of=as_of.text())
+                self._sink.write_state(self.states[name])
+
     # --- the next window -----------------------------------------------------------------------
 
     def _open_next(self) -> None:
@@ -240,8 +251,9 @@ class SnapshotCoordinator:
         limit = 2**62
         if table.chunk_key:
             limit = self._sizer.limit(self._row_bytes.get(name))
+        as_of = AsOf.parse(state.as_of) if state.as_of is not None and table.chunk_key else None
         self.window = Window(
-            table=table, cursor=state.cursor if table.chunk_key else None, limit=limit
+            table=table, cursor=state.cursor if table.chunk_key else None, limit=limit, as_of=as_of
         )
         self._submit(self.window)
 

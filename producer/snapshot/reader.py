@@ -252,6 +252,7 @@ class ChunkReader:
                 table.chunk_key,
                 window.cursor,
                 window.limit + 1,  # one more: is there anything after this chunk?
+                window.as_of,
             )
         blocks: list[bytes] = []
         with self._read_transaction(conn, window) as cur, cur.copy(query) as copy:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import BinaryIO, Final
 
+from producer.snapshot.as_of import AsOf
 from producer.snapshot.catalog import SnapshotTable
 
 WATERMARK_PREFIX: Final = "walbridge.watermark"
@@ -322,6 +323,7 @@ class Window:
     # streamed change lacks it, so instead of dropping the row it is read again afterwards.
     toast: set[bytes] = field(default_factory=set)
     keys: list[tuple[str, ...]] | None = None  # read these rows again (not a range)
+    as_of: AsOf | None = None  # only rows unchanged since the slot's consistent point
     # Which transactions the read saw. For a table without a key it also says which streamed
     # changes in ``images`` the read saw; its rows are spooled to ``spool`` (not held in
     # ``lines``).
@@ -376,6 +378,7 @@ class Window:
             table=self.table,
             cursor=self.cursor_after,
             limit=sizer.limit(per_row),
+            as_of=self.as_of,
             chain=self.chain,
             prev=self,
         )
