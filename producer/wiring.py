@@ -49,7 +49,7 @@ from producer.replication import (
 )
 from producer.slot_guard import SlotGuard
 from producer.snapshot import catalog as snapshot_catalog
-from producer.snapshot.as_of import AsOf
+from producer.snapshot.as_of import MIN_SERVER_VERSION, AsOf
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.snapshot.pacing import SendDelay
 from producer.sql_session import SqlSession
@@ -262,7 +262,9 @@ def _build(
     opened.callback(snapshots.stop)
     emitter.watch(snapshots)
     health.activity = snapshots.describe()
-    bounded = initial_needed and loss is None  # an initial snapshot, not a replacing one
+    # An initial snapshot (not one replacing a lost slot's rows), on a server that can tell
+    # out-of-line values apart (producer.snapshot.as_of).
+    bounded = initial_needed and loss is None and client.server_version >= MIN_SERVER_VERSION
     slot = ensure_slot(
         client, cfg.slot, waiting=eot is not None, stop=stop, export_snapshot=bounded
     )

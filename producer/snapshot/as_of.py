@@ -20,10 +20,14 @@ the snapshot modulo 2**32 as PostgreSQL itself does: the snapshot's ids lie with
 other and of every unfrozen row's. Frozen rows (``xmin`` 2, and 1 for bootstrap rows) are older
 than any snapshot.
 
-One known imprecision, in the safe direction: a row written by a subtransaction of a
-transaction in progress at the consistent point has the subtransaction's id as ``xmin``, which
-``pg_current_snapshot()`` does not list (PostgreSQL's own ``pg_visible_in_snapshot`` has the same
-limit). Such a row is read as an ``r`` and also streamed: sent twice, never lost.
+Two exceptions, both in the safe direction (a row sent twice, never one lost):
+- A row with a value stored out of line (TOASTed) is read whatever its ``xmin`` says: when a
+  later update leaves that value unchanged, pgoutput does not send it, so the streamed event
+  lacks it and only the ``r`` holds it. ``pg_column_toast_chunk_id`` (PostgreSQL 17+) tells
+  such rows apart; on 15 and 16, which lack it, the producer does not bound the snapshot at all.
+- A row written by a subtransaction of a transaction in progress at the consistent point has
+  the subtransaction's id as ``xmin``, which ``pg_current_snapshot()`` does not list
+  (PostgreSQL's own ``pg_visible_in_snapshot`` has the same limit): it is read too.
 
 Tables without a key are not filtered: their snapshot starts with a ``t`` that drops what
 readers hold, streamed rows included, so every row must be read. Nor are snapshots that replace
@@ -34,6 +38,7 @@ watermarks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -41,6 +46,7 @@ from psycopg import sql
 _XID_SPACE = 1 << 32
 _HALF = 1 << 31
 _FIRST_NORMAL_XID = 3  # 0 invalid, 1 bootstrap, 2 frozen
+MIN_SERVER_VERSION = 170000  # pg_column_toast_chunk_id
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,10 @@ class AsOf:
     def _xip32(self) -> frozenset[int]:
         return frozenset(x % _XID_SPACE for x in self.xip)
 
-    def predicate(self) -> sql.Composable:
+    def predicate(self, columns: Sequence[str] = ()) -> sql.Composable:
         """SQL true for rows whose current version the snapshot sees (``visible`` on
-        ``xmin``)."""
+        ``xmin``), or with one of ``columns`` stored out of line (read whatever their
+        ``xmin``: see the module's docstring)."""
         xid = sql.SQL("xmin::text::int8")
         distance = sql.SQL("(({} - {} + {}) % {})").format(
             xid,
@@ -100,6 +107,11 @@ class AsOf:
                 xid,
                 sql.SQL(", ").join(sql.Literal(x) for x in sorted(self._xip32)),
             )
-        return sql.SQL("({} < {} OR {} >= {} OR {})").format(
-            xid, sql.Literal(_FIRST_NORMAL_XID), distance, sql.Literal(_HALF), in_range
-        )
+        toasted = [
+            sql.SQL(" OR pg_column_toast_chunk_id({}) IS NOT NULL").format(sql.Identifier(c))
+            for c in columns
+        ]
+        return sql.SQL("({} < {} OR {} >= {} OR {}{})").format(
+            xid, sql.Literal(_FIRST_NORMAL_XID), distance, sql.Literal(_HALF), in_range,
+            sql.Composed(toasted),
+        )  # fmt: skip

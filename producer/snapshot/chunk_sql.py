@@ -45,7 +45,7 @@ def chunk_copy(
             sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(sql.Literal(v) for v in after))
         )
     if as_of is not None:
-        conditions.append(as_of.predicate())
+        conditions.append(as_of.predicate(columns))
     where: sql.Composable = sql.SQL("")
     if conditions:
         where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)

@@ -62,6 +62,7 @@ def test_the_chunk_reads_only_rows_the_snapshot_sees() -> None:
     assert "WHERE (\"id\") > ('7') AND (xmin::text::int8 < 3" in text
     assert "- 750 + 4294967296) % 4294967296)" in text  # the 32-bit xmin, not the epoch's
     assert "NOT IN (755)" in text
+    assert 'OR pg_column_toast_chunk_id("v") IS NOT NULL)' in text  # out-of-line values: read
     first = chunk_copy("s", "t", ["id"], ["id"], None, 100, snapshot).as_string(None)
     assert " WHERE (xmin::text::int8 < 3" in first
     plain = chunk_copy("s", "t", ["id"], ["id"], None, 100).as_string(None)
