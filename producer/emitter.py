@@ -210,6 +210,7 @@ class EventEmitter:
                     f"change for relation {relation_id} before its Relation message", lsn
                 )
             self.health.degraded = None  # the registry answered, after retries if any
+            self.snapshots.on_first_change(route.table)
         return route
 
     def on_insert(self, message: Insert, lsn: int) -> None:

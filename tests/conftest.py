@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests check what is generated, not how fast: Hypothesis's default 200 ms deadline per
+# example fails them on a loaded 2-core machine (the suite shares it with Kafka, PostgreSQL and
+# Spark), where one example can wait that long for a core.
+settings.register_profile("walbridge", deadline=None)
+settings.load_profile("walbridge")
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = ROOT / "deploy" / "local" / "stack"

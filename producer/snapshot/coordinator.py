@@ -651,13 +651,26 @@ class SnapshotCoordinator:
             log.warning("could not list the publication's tables", extra={"error": str(exc)})
             return
         for table in sorted(set(published) - self._known):
-            self._known.add(table)
-            if table in self.states and self.states[table].status != DONE:
-                continue
-            self.states[table] = requested(table, 0)
-            self._sink.write_state(self.states[table])
-            log.info("table added to the publication; snapshot queued", extra={"table": table})
-            self._enqueue(table)
+            self._queue_added(table)
+
+    def on_first_change(self, table: str) -> None:
+        """The stream's first change of ``table`` in this session (its route is being built,
+        inside the change's transaction). A table added to the publication since start-up is
+        queued for its snapshot now, so its record (``snapshotting`` for the consumer) is in
+        the same Kafka transaction as, and before, its first event: no reader ever takes its
+        streamed rows alone for the whole table. Without it the periodic look-up would find
+        the table up to _NEW_TABLES_EVERY_S later, after its first events."""
+        if self._auto and table not in self._known:
+            self._queue_added(table)
+
+    def _queue_added(self, table: str) -> None:
+        self._known.add(table)
+        if table in self.states and self.states[table].status != DONE:
+            return
+        self.states[table] = requested(table, 0)
+        self._sink.write_state(self.states[table])
+        log.info("table added to the publication; snapshot queued", extra={"table": table})
+        self._enqueue(table)
 
     def stop(self) -> None:
         if self.window is not None:

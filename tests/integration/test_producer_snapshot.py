@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer
 from psycopg import sql as psycopg_sql
 
 from producer.snapshot.as_of import AsOf
@@ -305,6 +306,34 @@ def test_the_boundary_sql_agrees_with_its_reference(pg_dsn: str) -> None:
         assert got == want, snapshot
 
 
+def first_timestamp_ms(bootstrap: str, topic: str, key: str | None = None) -> int:
+    """The producer's timestamp (CreateTime, set at produce) of the topic's first record, or
+    of its first record with this key."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("ts"),
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None or message.error() is not None:
+                continue
+            if key is None or message.key() == key.encode():
+                kind, ms = message.timestamp()
+                assert kind == TIMESTAMP_CREATE_TIME
+                return int(ms)
+        raise AssertionError(f"no record{'' if key is None else ' of ' + key} in {topic}")
+    finally:
+        consumer.close()
+
+
 def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_changed_rows(
     pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
 ) -> None:
@@ -329,6 +358,14 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
             wait_snapshots_done(producer, table)
         source.wait_confirmed(source.current_lsn())
         assert "table added to the publication; snapshot queued" in producer.log_path.read_text()
+        # The table's snapshot record (what makes the consumer list it in `snapshotting`) was
+        # produced before its first streamed event, in the same Kafka transaction: no reader
+        # takes the streamed rows alone for the whole table.
+        record_ms = first_timestamp_ms(
+            kafka_bootstrap, f"{source.prefix}.snapshot", f"public.{table}"
+        )
+        event_ms = first_timestamp_ms(kafka_bootstrap, f"{source.prefix}.public.{table}")
+        assert record_ms <= event_ms, f"snapshot record at {record_ms}, first event at {event_ms}"
         dropped = metric(producer, "walbridge_snapshot_rows_dropped_total")
         assert dropped > 0, "no chunk row changed between its watermarks: the test proves nothing"
         topic = f"{source.prefix}.public.{table}"
