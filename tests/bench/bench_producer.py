@@ -209,8 +209,23 @@ class Result:
         return self.recv_s / self.producer_s
 
 
+QUIET_LOAD: Final = 1.5  # a figure counts only from a run started below this 1-minute load
+
+
 def load1() -> float:
     return os.getloadavg()[0]
+
+
+def wait_quiet(limit_s: float = 180.0) -> float:
+    """Wait (up to ``limit_s``) for the 1-minute load to fall below QUIET_LOAD: the previous
+    run's own work keeps it up for a minute or so. Returns the load the run starts at; a run
+    that starts above QUIET_LOAD is marked as not counting."""
+    deadline = time.monotonic() + limit_s
+    while (load := load1()) >= QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(5)
+    if load >= QUIET_LOAD:
+        print(f"load {load:.2f} after waiting {limit_s:.0f}s: this run's figures do not count")
+    return load
 
 
 def main() -> None:
@@ -255,7 +270,7 @@ def main() -> None:
                     slots += [recv_slot, producer_slot]
                     for slot in (recv_slot, producer_slot):
                         db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
-                    before = load1()
+                    before = wait_quiet()
                     recv = time_recvlogical(dsn, recv_slot, publication, end_lsn, changes)
                     profile = f"/tmp/bench_producer_{tag}.prof" if args.profile else None
                     seconds, steady, cpu, main_cpu, rss = run_producer(
@@ -297,13 +312,18 @@ def drop_slot(db: psycopg.Connection, slot: str) -> None:
 def summarize(
     shape: str, changes: int, transactions: int, results: list[Result]
 ) -> dict[str, object]:
-    """Print the medians per mode; the last line is the exactly-once-on ratio (or off's, when
-    only off ran), the line bench_pg_versions.py reads."""
+    """Print the medians per mode, of the runs that started on a quiet machine (all runs, and
+    said so, when none did); the last line is the exactly-once-on ratio (or off's, when only
+    off ran), the line bench_pg_versions.py reads."""
     medians: dict[str, dict[str, float]] = {}
     for exactly_once in (False, True):
-        mine = [r for r in results if r.exactly_once == exactly_once]
-        if not mine:
+        ran = [r for r in results if r.exactly_once == exactly_once]
+        if not ran:
             continue
+        mine = [r for r in ran if r.load_before < QUIET_LOAD]
+        if not mine:
+            print(f"no run started below load {QUIET_LOAD}: the medians below do not count")
+            mine = ran
         mode = "on" if exactly_once else "off"
         medians[mode] = {
             "ratio": statistics.median(r.ratio for r in mine),
@@ -314,7 +334,7 @@ def summarize(
         }
         m = medians[mode]
         print(
-            f"median of {len(mine)} ({shape}, exactly-once {mode}): ratio {m['ratio']:.3f} "
+            f"median of {len(mine)} of {len(ran)} ({shape}, exactly-once {mode}): ratio {m['ratio']:.3f} "
             f"(target >= {TARGETS[shape]}), main thread {m['main_us_per_change']:.1f} us/change, "
             f"process CPU {m['cpu_us_per_transaction']:.1f} us/transaction, "
             f"{m['producer_changes_per_s']:,.0f} changes/s; highest load before a run "

@@ -40,6 +40,7 @@ from bench_producer import (
     load1,
     run_producer,
     stack_env,
+    wait_quiet,
 )
 from bench_replication import create_workload, drop_workload, pg_dsn, time_recvlogical
 
@@ -108,7 +109,7 @@ def main() -> None:
                     slots += [recv_slot, producer_slot]
                     for slot in (recv_slot, producer_slot):
                         db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
-                    before = load1()
+                    before = wait_quiet()
                     recv = time_recvlogical(dsn, recv_slot, publication, end_lsn, changes)
                     seconds, _steady, _cpu, main_cpu, _rss = run_producer(
                         env, producer_slot, publication, f"cmp{tag}{label.lower()}", end_lsn,
