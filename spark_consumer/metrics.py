@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 if TYPE_CHECKING:
-    from spark_consumer.batch import BatchReport
+    from spark_consumer.batch_report import BatchReport
 
 log = logging.getLogger("walbridge.consumer")
 

@@ -139,7 +139,7 @@ def consumers(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[Consumer, C
             trigger=None,
             available_now=True,
             # Tables in a known order: one thread, and one MERGE group (no small table waits
-            # for the rewrite group, batch._merge_groups).
+            # for the rewrite group, MergeRunner._merge_groups).
             merge_threads=1,
             lake_rewrite_below_bytes=0,
         )

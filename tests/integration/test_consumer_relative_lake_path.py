@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from spark_consumer import lake_state
 from spark_consumer.errors import ApplyError
-from spark_consumer.merge import check_deletion_vectors
+from spark_consumer.merge_target import check_deletion_vectors
 from tests.support.spark import spark  # noqa: F401
 
 

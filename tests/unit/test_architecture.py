@@ -1,6 +1,7 @@
 """The package arrows and the house style are checked by the test command, not by review:
 import-linter's contracts (pyproject.toml: schemas imports neither side, the consumer never
-imports the producer, the producer never imports the consumer or Spark), and ruff's format."""
+imports the producer, the producer never imports the consumer or Spark, the consumer's metrics
+never import its batch), and ruff's format."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Decisions merge.py takes from a table's state (lake_state.LakeTable), without Spark."""
+"""Decisions merge.py and merge_target.py take from a table's state (lake_state.LakeTable),
+without Spark."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from typing import Any, cast
 
 import pytest
 
-from spark_consumer import merge
+from spark_consumer import merge, merge_target
 from spark_consumer.errors import ApplyError
-from spark_consumer.lake_state import NO_TABLE, LakeTable
+from spark_consumer.lake_state import DELETION_VECTORS, NO_TABLE, LakeTable
 
 MISSING = LakeTable("/lake/s/t", NO_TABLE)
 
@@ -25,33 +26,33 @@ def changes(lake: LakeTable, **kw: Any) -> merge.TableChanges:
 
 
 def test_stored_key_comes_from_the_property() -> None:
-    assert merge.stored_key(MISSING) is None
-    assert merge.stored_key(table(**{merge.KEY_PROPERTY: "a,b"})) == ("a", "b")
-    assert merge.stored_key(table(**{merge.KEY_PROPERTY: ""})) == ()  # append-only
-    assert merge.stored_key(table()) == ()
+    assert merge_target.stored_key(MISSING) is None
+    assert merge_target.stored_key(table(**{merge_target.KEY_PROPERTY: "a,b"})) == ("a", "b")
+    assert merge_target.stored_key(table(**{merge_target.KEY_PROPERTY: ""})) == ()  # append-only
+    assert merge_target.stored_key(table()) == ()
 
 
 def test_deletion_vector_mode_must_match_the_setting() -> None:
-    merge.check_deletion_vectors("s.t", MISSING, True)  # created in the wanted mode
-    merge.check_deletion_vectors("s.t", table(**{merge.DELETION_VECTORS: "true"}), True)
-    merge.check_deletion_vectors("s.t", table(), False)
+    merge_target.check_deletion_vectors("s.t", MISSING, True)  # created in the wanted mode
+    merge_target.check_deletion_vectors("s.t", table(**{DELETION_VECTORS: "true"}), True)
+    merge_target.check_deletion_vectors("s.t", table(), False)
     with pytest.raises(
         ApplyError, match=r"table s\.t: .*enableDeletionVectors=false.*SET TBLPROPERTIES"
     ):
-        merge.check_deletion_vectors("s.t", table(), True)
+        merge_target.check_deletion_vectors("s.t", table(), True)
     with pytest.raises(ApplyError, match="DROP FEATURE deletionVectors"):
-        merge.check_deletion_vectors("s.t", table(**{merge.DELETION_VECTORS: "TRUE"}), False)
+        merge_target.check_deletion_vectors("s.t", table(**{DELETION_VECTORS: "TRUE"}), False)
 
 
 def test_only_small_tables_with_deletion_vectors_rewrite() -> None:
-    dv = {merge.DELETION_VECTORS: "true"}
+    dv = {DELETION_VECTORS: "true"}
     small = LakeTable("/lake/s/t", 7, properties=dv, files=2, size=1000)
-    assert merge.rewrites(small, below_bytes=1001)
-    assert not merge.rewrites(small, below_bytes=1000)  # not smaller
-    assert not merge.rewrites(small, below_bytes=0)  # 0: always deletion vectors
+    assert merge_target.rewrites(small, below_bytes=1001)
+    assert not merge_target.rewrites(small, below_bytes=1000)  # not smaller
+    assert not merge_target.rewrites(small, below_bytes=0)  # 0: always deletion vectors
     plain = LakeTable("/lake/s/t", 7, files=2, size=1000)
-    assert not merge.rewrites(plain, below_bytes=1001)  # rewrites anyway: nothing to switch
-    assert not merge.rewrites(MISSING, below_bytes=1001)
+    assert not merge_target.rewrites(plain, below_bytes=1001)  # rewrites anyway: nothing to switch
+    assert not merge_target.rewrites(MISSING, below_bytes=1001)
 
 
 def test_append_needs_the_recorded_version_or_no_table() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from spark_consumer.batch import BatchReport
+from spark_consumer.batch_report import BatchReport
 from spark_consumer.metrics import ConsumerMetrics, offsets_behind
 
 pytestmark = pytest.mark.unit

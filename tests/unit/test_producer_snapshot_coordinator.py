@@ -18,6 +18,8 @@ import pytest
 from producer.pgoutput import Column
 from producer.snapshot import catalog
 from producer.snapshot import coordinator as coordinator_module
+from producer.snapshot import publish as publish_module
+from producer.snapshot import windows as windows_module
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.snapshot.copy_text import spooled_batches, tuple_data
@@ -105,7 +107,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 
     monkeypatch.setattr(coordinator_module.catalog, "describe", describe)
     monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 3)
-    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    monkeypatch.setattr(windows_module, "ChunkReader", FakeReader)
     FakeReader.windows = []
     return tables
 
@@ -263,7 +265,7 @@ def _keyless_window(
     """A coordinator whose queue holds the table without a key, and the window it submitted."""
     monkeypatch.setattr(coordinator_module.catalog, "describe", lambda c, p, n, w=None: KEYLESS)
     monkeypatch.setattr(coordinator_module.catalog, "estimate_rows", lambda conn, oid: 4)
-    monkeypatch.setattr(coordinator_module, "ChunkReader", FakeReader)
+    monkeypatch.setattr(windows_module, "ChunkReader", FakeReader)
     FakeReader.windows = []
     coord = _coordinator(sink)
     coord.start({}, ["public.k"], [])
@@ -304,9 +306,7 @@ def test_the_last_row_is_marked_last_when_the_final_spooled_batch_is_all_dropped
     is still the snapshot's "last" (the contract's source.snapshot)."""
     codec = build_relation_codec(KEYLESS.relation(), TypeCatalog(), "db.public.k")
     # A batch per row (2-byte blocks), so the final batch holds only row 4.
-    monkeypatch.setattr(
-        coordinator_module, "spooled_batches", lambda spool: spooled_batches(spool, 2)
-    )
+    monkeypatch.setattr(publish_module, "spooled_batches", lambda spool: spooled_batches(spool, 2))
 
     class Sink(FakeSink):
         def snapshot_route(self, table: SnapshotTable, lsn: int) -> Any:

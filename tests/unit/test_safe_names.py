@@ -158,7 +158,7 @@ def test_walbridge_tables_accepts_the_issue_names() -> None:
 def test_lake_column_comments_name_the_postgresql_column_and_are_safe_literals() -> None:
     from urllib.parse import unquote
 
-    from spark_consumer.merge import pg_name_comment
+    from spark_consumer.merge_target import pg_name_comment
 
     for name in ("sp ace", "Id`x", "it's", "a\\b%", "new`col)", "ÜnïCode", "x\ny"):
         comment = pg_name_comment(name)
