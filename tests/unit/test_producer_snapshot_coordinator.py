@@ -20,6 +20,7 @@ from producer.snapshot import catalog
 from producer.snapshot import coordinator as coordinator_module
 from producer.snapshot import publish as publish_module
 from producer.snapshot import windows as windows_module
+from producer.snapshot.as_of import AsOf
 from producer.snapshot.catalog import SnapshotTable
 from producer.snapshot.coordinator import SnapshotCoordinator
 from producer.snapshot.copy_text import spooled_batches, tuple_data
@@ -113,7 +114,9 @@ def published(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 
 
 def _coordinator(
-    sink: FakeSink, stream_delay: Callable[[], float | None] = lambda: None
+    sink: FakeSink,
+    stream_delay: Callable[[], float | None] = lambda: None,
+    auto_new_tables: bool = False,
 ) -> SnapshotCoordinator:
     return SnapshotCoordinator(
         dsn="",
@@ -122,7 +125,7 @@ def _coordinator(
         sink=sink,
         chunk_rows=100,
         chunk_bytes=1 << 20,
-        auto_new_tables=False,
+        auto_new_tables=auto_new_tables,
         metrics=MagicMock(),
         stream_delay=stream_delay,
     )
@@ -193,6 +196,49 @@ def test_rows_to_read_again_are_in_the_resume_record_until_published(published: 
     assert len(sink2.reads) == 1
     assert sink2.states[-1].rereads == () and sink2.states[-1].complete
     assert not again.active
+
+
+def test_the_initial_snapshot_reads_as_of_the_slots_consistent_point(published: set[str]) -> None:
+    sink = FakeSink()
+    coord = _coordinator(sink)
+    coord.start({}, [NAME], [NAME])
+    assert sink.states[-1].as_of is None  # recorded before the slot exists
+    coord.bound_initial(AsOf(750, 760, (755,)))
+    recorded = sink.states[-1]
+    assert recorded.as_of == "750:760:755"
+    assert TableState.decode(recorded.encode()) == recorded  # a restart keeps the boundary
+    coord.tick()
+    assert FakeReader.windows[-1].as_of == AsOf(750, 760, (755,))
+    rows = [b"1\ta", b"2\tb", b"3\tc"]
+    _run_window(coord, rows, 100)
+    assert sink.states[-1].as_of == "750:760:755"
+
+    # A snapshot that replaces a lost slot's rows starts with a truncate: never bounded.
+    FakeReader.windows = []
+    sink2 = FakeSink()
+    replacing = _coordinator(sink2)
+    replacing.start({}, [NAME], [NAME], replace_all=True)
+    replacing.bound_initial(AsOf(750, 760))
+    assert all(state.as_of is None for state in sink2.states)
+
+
+def test_a_table_first_seen_in_the_stream_is_queued_before_its_first_event(
+    published: set[str],
+) -> None:
+    sink = FakeSink()
+    coord = _coordinator(sink, auto_new_tables=True)
+    coord.start({}, [NAME], [])
+    coord.on_first_change(NAME)  # published at start-up: nothing to do
+    assert sink.states == []
+    coord.on_first_change("public.added")
+    assert [(s.table, s.status) for s in sink.states] == [("public.added", "pending")]
+    assert coord.describe() == "snapshotting"
+    coord.on_first_change("public.added")  # its route rebuilt after a Relation message
+    assert len(sink.states) == 1
+    manual = _coordinator(FakeSink(), auto_new_tables=False)  # --snapshot never: signals only
+    manual.start({}, [NAME], [])
+    manual.on_first_change("public.added")
+    assert manual.describe() == ""
 
 
 def test_a_locked_table_stays_queued_without_holding_the_stream(
