@@ -273,12 +273,7 @@ def _build(
         # Valid until the next command on the replication connection: read it first.
         as_of = sql.run(lambda conn: consistent_point_snapshot(conn, exported))
         snapshots.bound_initial(as_of)
-        if eot is not None:
-            eot.commit(stop.check)
-        if sink.flush(60.0):
-            raise DeliveryError(
-                emitter.fixed.snapshot_topic, "snapshot state", None, "not acknowledged"
-            )
+        acknowledge_states(sink, eot, stop, emitter.fixed.snapshot_topic)
         log.info(
             "initial snapshot bounded by the slot's consistent point",
             extra={"slot": slot.slot_name, "snapshot": as_of.text()},
@@ -472,10 +467,7 @@ def _start_snapshots(
     )
     snapshots.start(states, published, initial, replace_all=replace_all)
     if initial:
-        if eot is not None:
-            eot.commit(stop.check)
-        if sink.flush(60.0):
-            raise DeliveryError(snap_topic, "snapshot state", None, "not acknowledged")
+        acknowledge_states(sink, eot, stop, snap_topic)
         if replace_all:
             log.warning(
                 "snapshot of every published table queued to replace what readers hold (the "
@@ -485,6 +477,17 @@ def _start_snapshots(
         else:
             log.info("initial snapshot queued", extra={"tables": len(initial)})
     return snapshots, new_slot
+
+
+def acknowledge_states(
+    sink: KafkaSink, eot: KafkaTransactions | None, stop: StopFlag, topic: str
+) -> None:
+    """Snapshot records written at start-up are in Kafka (committed, with exactly-once)
+    before streaming starts: a crash after it can't leave a table nobody reads."""
+    if eot is not None:
+        eot.commit(stop.check)
+    if sink.flush(60.0):
+        raise DeliveryError(topic, "snapshot state", None, "not acknowledged")
 
 
 def consistent_point_snapshot(conn: psycopg.Connection[Any], name: str) -> AsOf:

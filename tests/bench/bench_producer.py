@@ -247,7 +247,6 @@ def main() -> None:
     env["WALBRIDGE_PG_DSN"] = dsn
     tag = uuid.uuid4().hex[:8]
     schema, publication, base = f"bench_{tag}", f"bench_pub_{tag}", f"bench_{tag}_base"
-    slots = [base]
     results: list[Result] = []
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
@@ -263,43 +262,62 @@ def main() -> None:
             end_lsn = parse_lsn(row[0])
             for run in range(runs):
                 for exactly_once in modes:  # interleaved: a drifting load hits both alike
-                    recv_slot, producer_slot = (
-                        f"{base}_r{run}{exactly_once:d}",
-                        f"{base}_p{run}{exactly_once:d}",
-                    )
-                    slots += [recv_slot, producer_slot]
-                    for slot in (recv_slot, producer_slot):
-                        db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
-                    before = wait_quiet()
-                    recv = time_recvlogical(dsn, recv_slot, publication, end_lsn, changes)
                     profile = f"/tmp/bench_producer_{tag}.prof" if args.profile else None
-                    seconds, steady, cpu, main_cpu, rss = run_producer(
-                        env | {"WALBRIDGE_EXACTLY_ONCE": "true" if exactly_once else "false"},
-                        producer_slot, publication, f"bench{tag}", end_lsn, profile,
-                    )  # fmt: skip
-                    result = Result(
-                        exactly_once, before, load1(), recv.seconds, seconds, steady, cpu,
-                        main_cpu, rss,
+                    result = race(
+                        db, env, publication, base, f"{run}{exactly_once:d}", f"bench{tag}",
+                        end_lsn, changes, exactly_once=exactly_once, profile=profile,
                     )  # fmt: skip
                     results.append(result)
-                    for slot in (recv_slot, producer_slot):
-                        drop_slot(db, slot)
+                    r = result
                     print(
                         f"run {run + 1} exactly-once {'on ' if exactly_once else 'off'}: "
-                        f"pg_recvlogical {recv.seconds:6.2f}s, producer {seconds:6.2f}s "
-                        f"({changes / seconds:,.0f} changes/s), ratio {result.ratio:.3f}; "
-                        f"main thread {main_cpu / changes * 1e6:.1f} us/change, process CPU "
-                        f"{cpu / transactions * 1e6:.1f} us/transaction; peak RSS "
-                        f"{rss / 1024:.0f} MB; load {before:.2f} -> {result.load_after:.2f}"
+                        f"pg_recvlogical {r.recv_s:6.2f}s, producer {r.producer_s:6.2f}s "
+                        f"({changes / r.producer_s:,.0f} changes/s), ratio {r.ratio:.3f}; "
+                        f"main thread {r.main_s / changes * 1e6:.1f} us/change, process CPU "
+                        f"{r.cpu_s / transactions * 1e6:.1f} us/transaction; peak RSS "
+                        f"{r.rss_kb / 1024:.0f} MB; load {r.load_before:.2f} -> {r.load_after:.2f}"
                     )
                     if profile:
                         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         finally:
-            drop_workload(db, schema, publication, slots)
+            drop_workload(db, schema, publication, [base])
     summary = summarize(args.shape, changes, transactions, results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def race(
+    db: psycopg.Connection,
+    env: dict[str, str],
+    publication: str,
+    base: str,
+    name: str,
+    prefix: str,
+    end_lsn: int,
+    changes: int,
+    *,
+    exactly_once: bool,
+    profile: str | None = None,
+    root: Path = ROOT,
+) -> Result:
+    """One run: fresh copies of the ``base`` slot for pg_recvlogical and for the producer of
+    ``root`` (so both decode the same WAL from the same start), started on a quiet machine;
+    the copies are dropped afterwards."""
+    slots = [f"{base}_r{name}", f"{base}_p{name}"]
+    for slot in slots:
+        db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
+    try:
+        before = wait_quiet()
+        recv = time_recvlogical(env["WALBRIDGE_PG_DSN"], slots[0], publication, end_lsn, changes)
+        seconds, steady, cpu, main_cpu, rss = run_producer(
+            env | {"WALBRIDGE_EXACTLY_ONCE": "true" if exactly_once else "false"},
+            slots[1], publication, prefix, end_lsn, profile, root,
+        )  # fmt: skip
+    finally:
+        for slot in slots:
+            drop_slot(db, slot)
+    return Result(exactly_once, before, load1(), recv.seconds, seconds, steady, cpu, main_cpu, rss)
 
 
 def drop_slot(db: psycopg.Connection, slot: str) -> None:

@@ -35,14 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_producer import (
     ROOT,
     SHAPES,
-    drop_slot,
     generate_shape,
-    load1,
-    run_producer,
+    race,
     stack_env,
-    wait_quiet,
 )
-from bench_replication import create_workload, drop_workload, pg_dsn, time_recvlogical
+from bench_replication import create_workload, drop_workload, pg_dsn
 
 from producer.pgoutput import parse_lsn
 
@@ -86,10 +83,8 @@ def main() -> None:
     env = stack_env()
     dsn = env.get("WALBRIDGE_PG_DSN") or pg_dsn()
     env["WALBRIDGE_PG_DSN"] = dsn
-    env["WALBRIDGE_EXACTLY_ONCE"] = "true" if args.exactly_once == "on" else "false"
     tag = uuid.uuid4().hex[:8]
     schema, publication, base = f"cmp_{tag}", f"cmp_pub_{tag}", f"cmp_{tag}_base"
-    slots = [base]
     ratios: dict[str, list[float]] = {"BASE": [], "HEAD": []}
     main_us: dict[str, list[float]] = {"BASE": [], "HEAD": []}
     with psycopg.connect(dsn, autocommit=True) as db:
@@ -103,28 +98,20 @@ def main() -> None:
             for run in range(args.runs):
                 order = ["BASE", "HEAD"] if run % 2 == 0 else ["HEAD", "BASE"]
                 for label in order:
-                    recv_slot, producer_slot = (
-                        f"{base}_{kind}{run}{label.lower()}" for kind in "rp"
-                    )
-                    slots += [recv_slot, producer_slot]
-                    for slot in (recv_slot, producer_slot):
-                        db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
-                    before = wait_quiet()
-                    recv = time_recvlogical(dsn, recv_slot, publication, end_lsn, changes)
-                    seconds, _steady, _cpu, main_cpu, _rss = run_producer(
-                        env, producer_slot, publication, f"cmp{tag}{label.lower()}", end_lsn,
-                        None, roots[label],
+                    r = race(
+                        db, env, publication, base, f"{run}{label.lower()}",
+                        f"cmp{tag}{label.lower()}", end_lsn, changes,
+                        exactly_once=args.exactly_once == "on", root=roots[label],
                     )  # fmt: skip
-                    for slot in (recv_slot, producer_slot):
-                        drop_slot(db, slot)
-                    ratios[label].append(recv.seconds / seconds)
-                    main_us[label].append(main_cpu / changes * 1e6)
+                    ratios[label].append(r.ratio)
+                    main_us[label].append(r.main_s / changes * 1e6)
                     print(
-                        f"run {run + 1} {label}: ratio {ratios[label][-1]:.3f}, main thread "
-                        f"{main_us[label][-1]:.1f} us/change; load {before:.2f} -> {load1():.2f}"
+                        f"run {run + 1} {label}: ratio {r.ratio:.3f}, main thread "
+                        f"{main_us[label][-1]:.1f} us/change; load {r.load_before:.2f} -> "
+                        f"{r.load_after:.2f}"
                     )
         finally:
-            drop_workload(db, schema, publication, slots)
+            drop_workload(db, schema, publication, [base])
     medians = {label: statistics.median(values) for label, values in ratios.items()}
     cpu = {label: statistics.median(values) for label, values in main_us.items()}
     for label in ("BASE", "HEAD"):
