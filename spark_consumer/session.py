@@ -30,6 +30,14 @@ def walbridge_home(settings: SparkSettings) -> Path:
     return Path(settings.home or default).resolve()
 
 
+def ivy_dir(settings: SparkSettings) -> Path:
+    """Where `spark.jars.packages` resolves and keeps the connector jars. The local stack's test
+    and demo commands point it at their download cache, so a fresh clone resolves nothing twice."""
+    return (
+        Path(settings.ivy_dir).resolve() if settings.ivy_dir else walbridge_home(settings) / "ivy2"
+    )
+
+
 def connector_version(settings: SparkSettings) -> str:
     """Version of the Spark Kafka/Avro connector jars: the `.0` release of pyspark's minor line.
 
@@ -80,7 +88,7 @@ def build_session(
     # from 210 MB to 640-730 MB; with the C library's allocator, whose large blocks go back to
     # the system when freed, planning a 36k-transaction summary over and over holds it flat.
     pa.set_memory_pool(pa.system_memory_pool())
-    ivy = walbridge_home(settings) / "ivy2"
+    ivy = ivy_dir(settings)
     # Python workers (mapInArrow, UDFs) must run this interpreter: the venv has pyarrow and
     # fastavro, a bare `python3` on PATH may not. PySpark reads only the environment for this.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
