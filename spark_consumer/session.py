@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyspark
 from pyspark.sql import SparkSession
 
-from spark_consumer import checkpoints, object_store
+from spark_consumer import checkpoints, jar_manifest, object_store
 from spark_consumer.config import SparkSettings
 
 SCALA_BINARY = "2.13"
@@ -144,10 +144,17 @@ def build_session(
     if settings.driver_java_options and (master or settings.master).startswith("local"):
         # Only where the driver's JVM runs the executors too (config.SparkSettings says why).
         builder = builder.config("spark.driver.defaultJavaOptions", settings.driver_java_options)
-    builder = builder.config("spark.jars.packages", ",".join(packages))
+    # Ivy resolves the packages at every JVM start unless this cache already knows their jars.
+    recorded = jar_manifest.recorded_jars(ivy, packages)
+    if recorded is None:
+        builder = builder.config("spark.jars.packages", ",".join(packages))
+    else:
+        builder = builder.config("spark.jars", ",".join(recorded))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if recorded is None:
+        jar_manifest.record_jars(ivy, packages, spark.sparkContext.getConf().get("spark.jars", ""))
     # A runtime SQL setting: the core count is known only once the context is up.
     if shuffle_partitions is None and "spark.sql.shuffle.partitions" not in (extra_conf or {}):
         shuffle_partitions = spark.sparkContext.defaultParallelism

@@ -46,6 +46,8 @@ def download_cache() -> Path:
     (shared by every clone and state directory, so a scratch stack downloads nothing twice)."""
     if cache := os.environ.get("WALBRIDGE_DOWNLOADS"):
         return Path(cache)
+    if os.getuid() == 0:  # PostgreSQL runs as `postgres` then: root's home is closed to it
+        return Path("/var/cache/walbridge")
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "walbridge"
 
 
