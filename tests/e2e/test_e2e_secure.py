@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from tests.e2e.harness import pipeline
 from tests.support import security
 from tests.support.producer_harness import sql
-from tests.support.secure_stack import SecureStack, shared_secure_stack  # noqa: F401
+from tests.support.secure_stack import SecureStack
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.e2e

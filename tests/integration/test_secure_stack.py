@@ -30,7 +30,7 @@ from tests.support.producer_harness import (
     update_batches,
     verify_counter_table,
 )
-from tests.support.secure_stack import SecureStack, shared_secure_stack  # noqa: F401
+from tests.support.secure_stack import SecureStack
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from schemas.client_config import parse_pairs
 from tests.conftest import ROOT
 from tests.support.scratch_stack import ScratchStack, free_block
@@ -96,12 +94,3 @@ def secure_stack(**ports: str) -> Iterator[SecureStack]:
     finally:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def shared_secure_stack() -> Iterator[SecureStack]:
-    """One secure stack for all the test modules that need one (integration and e2e): starting it
-    costs 1.5-2 minutes here. The tests on it name their own tables, topics and slots uniquely,
-    and none stops a service."""
-    with secure_stack() as stack:
-        yield stack
