@@ -129,7 +129,21 @@ def _truncate_deletes(
     spark: SparkSession, keys: DataFrame, points: list[tuple[int, int, int | None]]
 ) -> DataFrame:
     """A delete of every key at each truncate's commit (a delete of an absent key is nothing)."""
-    at = spark.createDataFrame(points, f"{_LSN} long, {_ORD} long, ts long")
+    # Built in the JVM: a frame of Python rows would start a Python worker for its task.
+    at = spark.range(1).select(
+        F.inline(
+            F.array(
+                *[
+                    F.struct(
+                        F.lit(lsn).cast("long").alias(_LSN),
+                        F.lit(order).cast("long").alias(_ORD),
+                        F.lit(ts).cast("long").alias("ts"),
+                    )
+                    for lsn, order, ts in points
+                ]
+            )
+        )
+    )
     return keys.crossJoin(F.broadcast(at)).select(
         *keys.columns,
         F.col(_LSN),
