@@ -264,7 +264,9 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
         events = _events(changes, tc.columns)
     timeline = prior.unionByName(events)
     if points:
-        timeline = timeline.unionByName(_truncate_deletes(spark, keys, points))
+        # The deletes carry no row: their columns are null.
+        deletes = _truncate_deletes(spark, keys, points)
+        timeline = timeline.unionByName(deletes, allowMissingColumns=True)
     if toast_cols:
         timeline = _carry_toast(timeline, tc.key, toast_cols).persist(CACHE)
         lost = timeline.filter(F.col("#missing")).select(*tc.key, _LSN).limit(3).collect()
