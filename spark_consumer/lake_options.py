@@ -19,6 +19,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from schemas.safe_names import name_part
@@ -112,7 +113,7 @@ class LakeOptions:
         """By the topic's parts of the names (`safe_names.name_part`, unique per table)."""
         return self._by_parts.get((schema_part, table_part), _DEFAULT)
 
-    @property
+    @cached_property
     def _by_parts(self) -> dict[tuple[str, str], TableOptions]:
         return {(name_part(s), name_part(t)): o for (s, t), o in self.tables.items()}
 
@@ -120,7 +121,7 @@ class LakeOptions:
         """By the progress row's name of a table (`schema.table`, unquoted)."""
         return self._by_collection.get(collection, _DEFAULT)
 
-    @property
+    @cached_property
     def _by_collection(self) -> dict[str, TableOptions]:
         return {f"{s}.{t}": o for (s, t), o in self.tables.items()}
 

@@ -93,6 +93,8 @@ def apply(spark: SparkSession, tc: TableChanges) -> merge.Applied:
         changes, tc.key, (*tc.columns, _HAS_PREV), toast_cols, cache=tc.cache
     ).persist(CACHE)
     try:
+        if toast_cols and not tc.snapshotting:  # an unchanged TOAST value is never invented
+            merge._check_toast_targets(target.table, collapsed, tc, toast_cols)
         _merge(target, tc, collapsed, target_cols, toast_cols, truncate_ts)
     finally:
         collapsed.unpersist()
