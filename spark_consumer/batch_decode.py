@@ -121,13 +121,16 @@ class BatchDecoder:
         keys = [key_fields(self.schemas.parsed(k)) for k in info.key_ids] or [key or ()]
         unique = True
         pg_names: dict[str, str] = {}
+        # A raw changelog keeps each event's whole before and after rows (lake_options.py).
+        images = self.config.lake_tables_config.of_parts(info.schema, info.table).changelog
         for vid in info.value_ids:
             fields = row_fields(self.schemas.parsed(vid))
             pg_names |= {f.name: f.pg_name for f in fields if f.pg_name}
             names = {f.name for f in fields}
             unique &= all(bool(k) and set(k) < names for k in keys)
             select = self._columns.get(
-                ("events", vid, key), partial(event_columns, fields, self.conversions, key or ())
+                ("events", vid, key, images),
+                partial(event_columns, fields, self.conversions, key or (), images),
             )
             frames.append(self._decode(raw, info.topic, vid).select(*select))
             columns += [c for c in self.conversions.lake_columns(fields) if c not in columns]

@@ -19,6 +19,8 @@ from schemas.safe_names import lake_table_path
 from schemas.settings_loader import SettingsError, read_settings, setting
 from schemas.table_list import TableListError, parse_table_list
 from spark_consumer.errors import ConfigError
+from spark_consumer.lake_options import LakeOptions
+from spark_consumer.lake_options import load as load_lake_options
 
 
 class Decoder(Enum):
@@ -143,6 +145,14 @@ class ConsumerConfig:
         "MERGEd by rewriting the files it touches (0: always deletion vectors)",
     )
 
+    # Per-table lake options (history, changelog, soft deletes, change data feed, columns):
+    # read and checked at start-up, lake_options.py.
+    lake_tables_config: LakeOptions = setting(
+        default_factory=LakeOptions,
+        help='TOML file of per-table lake options, docs/lake-layouts.md ("" = none)',
+        parse=load_lake_options,
+    )
+
     def __post_init__(self) -> None:
         # Normal forms, so every reader of the config sees the same values however it was built.
         lake = self.lake_path.rstrip("/")
@@ -263,7 +273,11 @@ def _read(cls: type, argv: Sequence[str], env: Mapping[str, str], prog: str) -> 
 
 def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
     """Flags, else WALBRIDGE_* variables, else defaults (schemas.settings_loader's rules)."""
-    return ConsumerConfig(**_read(ConsumerConfig, argv, env, "walbridge-consumer run"))
+    config = ConsumerConfig(**_read(ConsumerConfig, argv, env, "walbridge-consumer run"))
+    known = _tables(env.get("WALBRIDGE_TABLES", "")) if env.get("WALBRIDGE_TABLES") else None
+    if known is not None:  # the tables are known: the lake options may name only those
+        config.lake_tables_config.check_known(known)
+    return config
 
 
 def parse_verify(argv: Sequence[str], env: Mapping[str, str]) -> VerifyConfig:

@@ -13,6 +13,8 @@ from pyspark.sql.avro.functions import from_avro
 
 from spark_consumer.codegen_stable import sql_name
 from spark_consumer.columns import (
+    AFTER,
+    BEFORE,
     COMMIT_LSN,
     FIRST_SEEN,
     OFFSET,
@@ -74,9 +76,15 @@ def table_events(
 
 
 def event_columns(
-    fields: tuple[RowField, ...], conversions: FieldConversions, key: tuple[str, ...] = ()
+    fields: tuple[RowField, ...],
+    conversions: FieldConversions,
+    key: tuple[str, ...] = (),
+    images: bool = False,
 ) -> list[Column]:
     """What `table_events` selects from the decoded envelopes of one writer schema.
+
+    `images` adds the event's whole `before` and `after` rows as the struct columns `_before`
+    and `_after` (the changelog table's, changelog.py), in the lake's column forms.
 
     The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
     REPLICA IDENTITY FULL); t carries no row. A create that follows a key change also names
@@ -122,7 +130,19 @@ def event_columns(
         decoded_ok("op").alias(OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
         *from_cols,
+        *(_images(fields, conversions) if images else []),
     ]
+
+
+def _images(fields: tuple[RowField, ...], conversions: FieldConversions) -> list[Column]:
+    env = F.col(ENV)
+
+    def image(side: str) -> Column:
+        row = env[side]
+        cols = [c for f in fields for c in conversions.apply(row[f.name], f)]
+        return F.when(row.isNotNull(), F.struct(*cols))
+
+    return [image("before").alias(BEFORE), image("after").alias(AFTER)]
 
 
 def marker_columns() -> list[Column]:

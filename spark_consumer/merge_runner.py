@@ -10,12 +10,20 @@ a batch; merge.py applies one table, this decides which tables run when and with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
 from pyspark.sql import SparkSession
 
-from spark_consumer import codegen_stable, lake_state, merge, progress, transaction_stats
+from spark_consumer import (
+    codegen_stable,
+    lake_layouts,
+    lake_state,
+    merge,
+    progress,
+    transaction_stats,
+)
 from spark_consumer.batch_decode import DecodedTable
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, OK
@@ -68,15 +76,15 @@ class MergeRunner:
                         tables[w.topic],
                         w,
                         plan,
-                        before.table_versions.get(w.collection),
+                        before.table_versions,
                         w.collection in snapshotting,
                     )
                     for w in works
                 }
                 for work in works:
-                    version = futures[work.collection].result()
-                    if version is not None:
-                        versions[work.collection] = version
+                    written = futures[work.collection].result()
+                    if written:
+                        versions.update(written)
                         changes_by_table[work.collection] = work.events
         return versions, changes_by_table
 
@@ -124,18 +132,26 @@ class MergeRunner:
         table: DecodedTable,
         work: TableWork,
         plan: Plan,
-        recorded_version: int | None,
+        recorded: Mapping[str, int],
         snapshotting: bool,
-    ) -> int | None:
-        """MERGE one table's share of the applied transactions; its Delta version, or None
+    ) -> dict[str, int]:
+        """MERGE one table's share of the applied transactions, and write the other tables of
+        its layout (lake_layouts.py); their Delta versions by `table_versions` name, or none
         when there was nothing to do (truncates of a table the lake never had).
-        `recorded_version`: the table's version in the last progress row."""
+        `recorded`: the last progress row's versions."""
         info = table.info
         path = self.config.table_path(info.schema, info.table)
+        layout = lake_layouts.Layout(
+            self.config.lake_tables_config.of_collection(work.collection),
+            work.collection,
+            self.config.lake_path,
+            info.schema,
+            info.table,
+        )
         key = table.key
         if key is None:
             if work.only_truncates:
-                return None
+                return {}
             key = ()  # no key schema and no table yet: the source table has no replica identity
         known = self._lake.get(path)
         lake = self.lake_table(path)
@@ -150,31 +166,38 @@ class MergeRunner:
             & codegen_stable.at_most(COMMIT_LSN, hi)
             & self._columns.get("usable", transaction_stats.usable)
         ).drop(OK)
+        # The columns the options leave out go before any write (lake_layouts.py).
+        changes, with_images, columns, pg_names = layout.narrow(
+            changes, table.columns, key, table.pg_names
+        )
         tc = TableChanges(
             info.schema,
             info.table,
             path,
             key,
-            table.columns,
+            columns,
             changes,
             truncate=work.truncate,
-            toast_columns=work.toast_columns,
+            toast_columns=work.toast_columns & frozenset(columns),
             key_min=work.key_min,
             key_max=work.key_max,
             only_distinct_inserts=work.only_distinct_inserts,
             unique_key=table.unique_key,
-            recorded_version=recorded_version,
+            recorded_version=recorded.get(work.collection),
             snapshotting=snapshotting,
-            pg_names=table.pg_names,
+            pg_names=pg_names,
             deletion_vectors=self.config.lake_deletion_vectors,
             lake=lake,
             handle=known.handle if isinstance(known, merge.Applied) else None,
             commit_lsns=(lo, hi),
             cache=self._columns,
         )
-        applied = merge.apply(self.spark, tc)
+        applied = layout.apply_current(self.spark, tc)
         self._lake[path] = applied
-        return applied.version
+        if layout.plain:
+            return {work.collection: applied.version}
+        extras = layout.write_extras(self.spark, tc, with_images, recorded)
+        return {work.collection: applied.version, **extras}
 
     def lake_table(self, path: str) -> lake_state.LakeTable:
         """The table as this job last left it, or else as one read of its log found it."""

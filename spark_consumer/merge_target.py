@@ -89,6 +89,8 @@ def ensure_table(spark: SparkSession, tc: TableChanges) -> Target:
             # a table feature, as timestamp_ntz does): see README "Reading the lake".
             .property(DELETION_VECTORS, "true" if tc.deletion_vectors else "false")
         )
+        for name, value in tc.properties.items():  # the table's layout options
+            builder = builder.property(name, value)
         # A wide table keeps statistics for the column its MERGEs prune files by.
         stats = file_stats.stats_columns(schema, tc.key[0] if tc.key else COMMIT_LSN)
         if stats is not None:

@@ -52,6 +52,8 @@ class TableChanges:
     # A handle on the table this job opened before (its schema unchanged since): opening one
     # reads the log again and analyses a query over the table.
     handle: DeltaTable | None = None
+    # Table properties a new table is created with (lake_layouts.py: the change data feed).
+    properties: Mapping[str, str] = field(default_factory=dict)
     # The processor's expressions built once (column_cache.py): a MERGE's clauses are a few
     # Py4J round trips per column, the same for every batch of a table.
     cache: ColumnCache = field(default_factory=ColumnCache)

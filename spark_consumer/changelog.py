@@ -1,0 +1,78 @@
+"""The raw changelog table of a source table (`changelog = true`, lake_options.py): every applied
+event as one row, append-only, at `<lake>/_walbridge/changelog/<schema>/<table>`.
+
+Columns: `op`, `before`, `after` (the event's rows, in the lake's column forms, narrowed to the
+table's kept columns), `commit_lsn`, `tx_id`, `total_order` (the order within the transaction),
+`ts_ms` (the source timestamp) and `unchanged_toast`. Deduplicated on the event's dedup key
+(`commit_lsn`, `total_order`): a replay, or a redelivered event, never adds a row twice.
+
+The dedup is an anti join against the rows the table already holds of the batch's commit range
+(its files are pruned by their `commit_lsn` statistics), then an append: this job is the
+table's only writer, so nothing comes between the two. An append, not a MERGE, because a
+writer schema that adds a column adds a field to `before`/`after`, which an append merges into
+the table's schema (`mergeSchema`) without a session setting shared by every table's thread.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from spark_consumer import lake_state
+from spark_consumer.columns import AFTER, BEFORE, COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS, TX_ID
+from spark_consumer.lake_options import TableOptions
+
+DEDUP_KEY = ("commit_lsn", "total_order")
+
+
+def _image(frame: DataFrame, side: str, opts: TableOptions) -> Column:
+    """The event's row on one side, with only the columns the lake may keep."""
+    struct = frame.schema[side].dataType
+    assert isinstance(struct, StructType)
+    kept = opts.kept(struct.fieldNames())
+    return F.when(
+        F.col(side).isNotNull(), F.struct(*[F.col(side)[c].alias(c) for c in kept])
+    ).alias(side.lstrip("_"))
+
+
+def rows(changes: DataFrame, opts: TableOptions) -> DataFrame:
+    """The changelog rows of a table's applied events (`changes`, decoded with images)."""
+    return changes.select(
+        F.col(OP).alias("op"),
+        _image(changes, BEFORE, opts),
+        _image(changes, AFTER, opts),
+        F.col(COMMIT_LSN).alias("commit_lsn"),
+        F.col(TX_ID).alias("tx_id"),
+        F.col(TOTAL_ORDER).alias("total_order"),
+        F.col(TS_MS).alias("ts_ms"),
+        F.col(TOAST).alias("unchanged_toast"),
+    ).dropDuplicates(list(DEDUP_KEY))
+
+
+def write(
+    spark: SparkSession,
+    path: str,
+    changes: DataFrame,
+    opts: TableOptions,
+    commit_lsns: tuple[int, int],
+    recorded_version: int | None,
+) -> int:
+    """Append the events the table does not hold yet; the table's Delta version afterwards.
+
+    `recorded_version`: the table's version in the last progress row. When the table is still
+    there, it holds no event of this batch (every commit to it is this job's, and a batch's
+    commits come before its progress row), so the anti join is skipped."""
+    new = rows(changes, opts)
+    lake = lake_state.read(spark, path)
+    if lake.exists and lake.version != recorded_version:
+        lo, hi = commit_lsns
+        held = (
+            spark.read.format("delta")
+            .load(path)
+            .filter((F.col("commit_lsn") > lo) & (F.col("commit_lsn") <= hi))
+            .select(*DEDUP_KEY)
+        )
+        new = new.join(held, list(DEDUP_KEY), "left_anti")
+    (new.write.format("delta").mode("append").option("mergeSchema", "true").save(path))
+    return lake_state.read(spark, path).version

@@ -1,0 +1,130 @@
+"""What the lake layouts cost (issue 43): catch-up changes/s on the 5-change TPC-B shape with
+a table option on ÷ off, in one run.
+
+One backlog, published once through the whole real pipeline (PostgreSQL, the producer as a
+subprocess, Kafka): the opening rows (branches, tellers, accounts) and --transactions TPC-B
+transactions (tests/bench/bench_consumer_catchup.py's shape: 2 account updates, a teller's and
+a branch's, a row in the keyless history table). Then the consumer applies the same Kafka
+records several times in this process, each time into a new lake from the first offset, with
+the layouts in turn:
+
+- `plain`: no options (today's behaviour), the baseline;
+- `history`: `history = true` on the three keyed tables;
+- `changelog`: `changelog = true` on all four tables.
+
+The runs alternate (plain, history, changelog, then again in reverse order with --rounds 2),
+after an untimed warm-up run on the same JVM, so no layout always meets the warmest JVM.
+Reported: each layout's changes/s (the median over its runs) and the ratios history ÷ plain
+(target >= 0.7) and changelog ÷ plain (target >= 0.9).
+
+Run (figures in docs/lake-layouts.md, to be taken on a quiet machine):
+  eval "$(deploy/local/stack env)"
+  .walbridge/venv/bin/python tests/bench/bench_lake_layouts.py --transactions 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spark_consumer.lake_options import LakeOptions, parse
+from spark_consumer.session import build_session
+from tests.bench.bench_consumer_catchup import CHANGES_PER_TX, create, fill
+from tests.e2e.harness import pipeline
+from tests.support.producer_harness import sql
+
+LAYOUTS = ("plain", "history", "changelog")
+
+
+def layout_options(layout: str, tables: list[str]) -> LakeOptions:
+    keyed = [t for t in tables if not t.endswith(".history")]  # pgbench's history: no key
+    if layout == "plain":
+        return LakeOptions()
+    if layout == "history":
+        return parse("".join(f'[tables."{t}"]\nhistory = true\n' for t in keyed))
+    return parse("".join(f'[tables."{t}"]\nchangelog = true\n' for t in tables))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--transactions", type=int, default=100_000)
+    ap.add_argument("--accounts", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=2, help="timed runs of each layout")
+    args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    dsn = os.environ["WALBRIDGE_PG_DSN"]
+    s = f"bench_layouts_{uuid.uuid4().hex[:8]}"
+    tables = create(dsn, s)
+    spark = build_session("bench-lake-layouts")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            pipeline(
+                spark,
+                dsn,
+                os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"],
+                os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"],
+                Path(tmp),
+                tables,
+                "benchlayouts",
+            ) as p,
+        ):
+            p.start_producer()
+            fill(dsn, s, args.accounts)
+            sql(
+                dsn,
+                "SET synchronous_commit = off",
+                f"CALL {s}.tpcb({args.transactions}, {args.accounts})",
+            )
+            p.wait_published(3600)
+            p.producer.stop()
+            changes = args.transactions * CHANGES_PER_TX + args.accounts + 110
+
+            def run(layout: str, name: str) -> float:
+                lake = str(Path(tmp) / name / "lake")
+                t0 = time.perf_counter()
+                proc = p.consume_available(
+                    timeout=3600,
+                    lake_path=lake,
+                    checkpoint_path=str(Path(tmp) / name / "checkpoint"),
+                    lake_tables_config=layout_options(layout, tables),
+                )
+                took = time.perf_counter() - t0
+                proc.close()
+                applied = sum(r.applied_transactions for r in proc.reports)
+                if applied < args.transactions:
+                    raise SystemExit(f"{layout}: applied {applied} of {args.transactions}")
+                return took
+
+            run("plain", "warm-up")  # untimed: the JVM's first batches
+            took: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+            for r in range(args.rounds):
+                order = LAYOUTS if r % 2 == 0 else tuple(reversed(LAYOUTS))
+                for layout in order:
+                    secs = run(layout, f"{layout}-{r}")
+                    took[layout].append(secs)
+                    print(f"{layout:>9} run {r}: {changes / secs:,.0f} changes/s ({secs:.1f} s)")
+            rate = {k: changes / statistics.median(v) for k, v in took.items()}
+            print(
+                f"catch-up of {args.transactions:,} TPC-B transactions ({changes:,} changes, "
+                f"opening rows included): plain {rate['plain']:,.0f} changes/s, history "
+                f"{rate['history']:,.0f}, changelog {rate['changelog']:,.0f}; history ÷ plain "
+                f"{rate['history'] / rate['plain']:.2f} (target >= 0.7), changelog ÷ plain "
+                f"{rate['changelog'] / rate['plain']:.2f} (target >= 0.9)"
+            )
+    finally:
+        sql(dsn, f"DROP SCHEMA IF EXISTS {s} CASCADE")
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
