@@ -14,9 +14,13 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from tests.support.toxiproxy_client import ToxiproxyApi
 
 # Property tests check what is generated, not how fast: Hypothesis's default 200 ms deadline per
 # example fails them on a loaded 2-core machine (the suite shares it with Kafka, PostgreSQL and
@@ -139,3 +143,12 @@ def kafka_bootstrap(stack: Stack) -> str:
 @pytest.fixture(scope="session")
 def registry_url(stack: Stack) -> str:
     return stack.registry_url
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToxiproxyApi]:
+    """One Toxiproxy server per session (built on first use): the network-fault tests."""
+    from tests.support.toxiproxy_server import toxiproxy_server
+
+    with toxiproxy_server(tmp_path_factory.mktemp("toxiproxy")) as api:
+        yield api

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import pq
 from psycopg.pq import abc as pq_abc
 
+from producer.replication import connecting
 from producer.replication.errors import ErrorKind, ReplicationError
 
 # SQLSTATE classes/codes that mean "the connection went away; try again" rather than a refusal:
@@ -70,8 +71,8 @@ class WalsenderConnection:
         ``answer_timeout``."""
         detail = f"can't connect to {display}"
         try:
-            pgconn = pq.PGconn.connect(conninfo)
-        except psycopg.OperationalError as exc:
+            pgconn = connecting.connect(conninfo, connecting.connect_deadline_s(conninfo))
+        except (psycopg.OperationalError, connecting.ConnectTimeout) as exc:
             raise ReplicationError(
                 ErrorKind.CONNECTION, detail, slot=slot, lsn=lsn, server_message=str(exc)
             ) from exc

@@ -5,6 +5,7 @@ of walsender commands, and the health reported while PostgreSQL is retried."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from producer.replication import (
     ReplicationConfig,
     ReplicationError,
     ReplicationStream,
+    connecting,
 )
 from producer.replication.connection import WalsenderConnection
 from producer.replication.liveness import Liveness, Verdict
@@ -232,3 +234,50 @@ def test_health_is_degraded_but_alive_while_postgresql_is_retried() -> None:
     assert not health.ready()[0]
     health.reachable(POSTGRES)
     assert health.ready() == (True, "ok")
+
+
+# --- connecting ----------------------------------------------------------------------------------
+
+
+def test_connect_deadline_follows_libpq_per_host_timeouts() -> None:
+    assert connecting.connect_deadline_s(b"host=a connect_timeout=10") == 10
+    assert connecting.connect_deadline_s(b"host=a,b connect_timeout=10") == 20
+    assert connecting.connect_deadline_s(b"host=a connect_timeout=1") == 2  # libpq's minimum
+    assert connecting.connect_deadline_s(b"host=a") is None
+
+
+def test_connecting_to_a_silent_server_times_out_and_lets_other_threads_run() -> None:
+    """A server that accepts TCP and never answers: psycopg's blocking connect would hold the
+    GIL for the whole timeout (the health endpoint would stop answering)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        ticks: list[float] = []
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.05)
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(ReplicationError) as caught:
+                WalsenderConnection.connect(
+                    f"host=127.0.0.1 port={port} connect_timeout=2".encode(),
+                    slot=SLOT,
+                    display="silent",
+                )
+        finally:
+            done.set()
+            ticker.join(5)
+        elapsed = time.monotonic() - started
+    assert caught.value.kind is ErrorKind.CONNECTION
+    assert "can't connect to silent" in str(caught.value)
+    assert "timeout expired" in str(caught.value)
+    assert 2 <= elapsed < 10
+    # The other thread ran all along (a GIL-holding connect would leave none in between).
+    assert len([t for t in ticks if started + 0.5 < t < started + 1.5]) >= 5
