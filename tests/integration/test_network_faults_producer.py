@@ -147,6 +147,15 @@ def wait_until(what: str, check: Callable[[], bool], producer: ProducerProcess) 
     return time.monotonic() - start
 
 
+def log_mark(producer: ProducerProcess) -> int:
+    return len(producer.log_path.read_text(errors="replace"))
+
+
+def logged_since(producer: ProducerProcess, mark: int) -> str:
+    """What the producer logged after ``log_mark`` (the harness's log() is only the tail)."""
+    return producer.log_path.read_text(errors="replace")[mark:]
+
+
 def events(producer: ProducerProcess) -> float:
     return metric(producer, "walbridge_events_total")
 
@@ -274,7 +283,11 @@ def test_kafka_faults(
         # /readyz says so; a partition likewise.
         confirmed = source.confirmed_lsn()
         seconds = KAFKA_SOCKET_TIMEOUT_MS / 1000 + 3.0
+        mark = log_mark(producer)
         degraded_while(producer, kafka, "silent", seconds, "Kafka brokers unreachable")
+        # librdkafka gave up on the silent connection itself (socket.timeout.ms), before the
+        # fault ended and the proxy closed it.
+        assert "Timed out" in logged_since(producer, mark), producer.log()
         degraded_while(producer, kafka, "partition", PARTITION_S, "Kafka brokers unreachable")
         wait_until(
             "confirmed past the faults",
@@ -319,6 +332,7 @@ def test_registry_faults(
 
     for kind, seconds in (("reset", SHORT_FAULT_S), ("silent", 6.0), ("partition", PARTITION_S)):
         retries, before = metric(producer, "walbridge_registry_retries_total"), events(producer)
+        mark = log_mark(producer)
         degraded_while(
             producer,
             registry,
@@ -328,6 +342,8 @@ def test_registry_faults(
             during=lambda kind=kind: change_schema(f"c_{kind}"),  # registering under the fault
         )
         assert metric(producer, "walbridge_registry_retries_total") > retries, kind
+        if kind == "silent":  # the client's own timeout ended the request, then a retry
+            assert "failed (attempt 1): timed out" in logged_since(producer, mark)
         wait_until(f"events after {kind}", lambda b=before: events(producer) >= b + 3, producer)
 
     written = next(ids) - 1
