@@ -238,6 +238,11 @@ class SparkSettings:
         env="WALBRIDGE_HOME",
         help='state directory for caches ("" = .walbridge/ in the checkout)',
     )
+    ivy_dir: str = setting(
+        "",
+        env="WALBRIDGE_SPARK_IVY_DIR",
+        help='ivy cache of the connector jars ("" = ivy2/ in the state directory)',
+    )
     log_level: str = setting("INFO", help=f"one of {LOG_LEVELS}")
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyspark
 from pyspark.sql import SparkSession
 
-from spark_consumer import checkpoints, object_store
+from spark_consumer import checkpoints, jar_manifest, object_store
 from spark_consumer.config import SparkSettings
 
 SCALA_BINARY = "2.13"
@@ -28,6 +28,14 @@ def walbridge_home(settings: SparkSettings) -> Path:
     """State directory of the local stack (downloads, caches), default `.walbridge/` in the checkout."""
     default = Path(__file__).resolve().parent.parent / ".walbridge"
     return Path(settings.home or default).resolve()
+
+
+def ivy_dir(settings: SparkSettings) -> Path:
+    """Where `spark.jars.packages` resolves and keeps the connector jars. The local stack's test
+    and demo commands point it at their download cache, so a fresh clone resolves nothing twice."""
+    return (
+        Path(settings.ivy_dir).resolve() if settings.ivy_dir else walbridge_home(settings) / "ivy2"
+    )
 
 
 def connector_version(settings: SparkSettings) -> str:
@@ -80,7 +88,7 @@ def build_session(
     # from 210 MB to 640-730 MB; with the C library's allocator, whose large blocks go back to
     # the system when freed, planning a 36k-transaction summary over and over holds it flat.
     pa.set_memory_pool(pa.system_memory_pool())
-    ivy = walbridge_home(settings) / "ivy2"
+    ivy = ivy_dir(settings)
     # Python workers (mapInArrow, UDFs) must run this interpreter: the venv has pyarrow and
     # fastavro, a bare `python3` on PATH may not. PySpark reads only the environment for this.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -136,10 +144,17 @@ def build_session(
     if settings.driver_java_options and (master or settings.master).startswith("local"):
         # Only where the driver's JVM runs the executors too (config.SparkSettings says why).
         builder = builder.config("spark.driver.defaultJavaOptions", settings.driver_java_options)
-    builder = builder.config("spark.jars.packages", ",".join(packages))
+    # Ivy resolves the packages at every JVM start unless this cache already knows their jars.
+    recorded = jar_manifest.recorded_jars(ivy, packages)
+    if recorded is None:
+        builder = builder.config("spark.jars.packages", ",".join(packages))
+    else:
+        builder = builder.config("spark.jars", ",".join(recorded))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if recorded is None:
+        jar_manifest.record_jars(ivy, packages, spark.sparkContext.getConf().get("spark.jars", ""))
     # A runtime SQL setting: the core count is known only once the context is up.
     if shuffle_partitions is None and "spark.sql.shuffle.partitions" not in (extra_conf or {}):
         shuffle_partitions = spark.sparkContext.defaultParallelism

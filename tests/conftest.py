@@ -20,6 +20,7 @@ import pytest
 from hypothesis import settings
 
 if TYPE_CHECKING:
+    from tests.support.secure_stack import SecureStack
     from tests.support.toxiproxy_client import ToxiproxyApi
 
 # Property tests check what is generated, not how fast: Hypothesis's default 200 ms deadline per
@@ -110,6 +111,18 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
         started = [s for s in ("postgres", "kafka", "registry") if s not in before]
         if started:
             subprocess.run([str(STACK), "down", *started], text=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def shared_secure_stack() -> Iterator[SecureStack]:
+    """One secure stack (TLS, SASL, ACLs) for every test module that needs its own: starting one
+    costs 1.5-2 minutes here. The tests on it name their tables, topics and slots uniquely, and
+    none stops a service. Here, not in tests/support: a session fixture imported into two test
+    modules would be two fixtures, each starting a stack."""
+    from tests.support.secure_stack import secure_stack
+
+    with secure_stack() as secure:
+        yield secure
 
 
 # The synchronous standby a snapshot test names so that commits wait (one that never comes).

@@ -1,9 +1,10 @@
 """Image build step: put the consumer's connector jars in the image (see consumer.Containerfile).
 
 Starts the consumer's own SparkSession once (spark_consumer/session.py: the same Maven
-coordinates the consumer asks for), which fills the ivy cache under WALBRIDGE_HOME, then copies
-each resolved jar into $SPARK_HOME/jars unless Spark already ships that artifact (a second copy
-of, say, lz4-java at another version on the system classpath would be a conflict).
+coordinates the consumer asks for), which fills the ivy cache (`ivy_dir`: under WALBRIDGE_HOME
+unless WALBRIDGE_SPARK_IVY_DIR says otherwise), then copies each resolved jar into
+$SPARK_HOME/jars unless Spark already ships that artifact (a second copy of, say, lz4-java at
+another version on the system classpath would be a conflict).
 
 Then Hadoop's S3A file system (`s3a://` lake and checkpoint paths): hadoop-aws at the version of
 the Hadoop client that Spark ships, with the AWS SDK bundle it was built against, resolved by
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from spark_consumer.config import SparkSettings
-from spark_consumer.session import build_session, walbridge_home
+from spark_consumer.session import build_session, ivy_dir
 
 # ivy names retrieved jars `<group>_<artifact>-<version>.jar`; Spark's own are `<artifact>-<version>.jar`.
 IVY_JAR = re.compile(r"^(?P<group>[^_]+)_(?P<artifact>.+)-(?P<version>[0-9][^-]*(?:-[^-]+)?)\.jar$")
@@ -82,7 +83,7 @@ def main() -> int:
     finally:
         spark.stop()
     target = Path(os.environ["SPARK_HOME"]) / "jars"
-    copy_new(walbridge_home(SparkSettings.from_env(os.environ)) / "ivy2" / "jars", target)
+    copy_new(ivy_dir(SparkSettings.from_env(os.environ)) / "jars", target)
     with tempfile.TemporaryDirectory() as scratch:
         resolve_s3a(target, Path(scratch))
         copy_new(Path(scratch), target)

@@ -20,16 +20,16 @@ from pyspark.sql import SparkSession
 from tests.e2e.harness import pipeline
 from tests.support import security
 from tests.support.producer_harness import sql
-from tests.support.secure_stack import SecureStack, secure_stack
+from tests.support.secure_stack import SecureStack
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def secure() -> Iterator[SecureStack]:
-    with secure_stack() as stack, security.activated(stack.credentials()):
-        yield stack
+def secure(shared_secure_stack: SecureStack) -> Iterator[SecureStack]:
+    with security.activated(shared_secure_stack.credentials()):
+        yield shared_secure_stack
 
 
 def test_pipeline_with_tls_sasl_acls_and_secret_files(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -30,15 +30,14 @@ from tests.support.producer_harness import (
     update_batches,
     verify_counter_table,
 )
-from tests.support.secure_stack import SecureStack, secure_stack
+from tests.support.secure_stack import SecureStack
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def secure() -> Iterator[SecureStack]:
-    with secure_stack() as stack:
-        yield stack
+def secure(shared_secure_stack: SecureStack) -> SecureStack:
+    return shared_secure_stack
 
 
 def other_ca(directory: Path) -> Path:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, STACK, Stack
+from tests.conftest import STACK, Stack
+from tests.support.scratch_stack import download_cache
 
 
 def _free_port() -> int:
@@ -25,11 +26,10 @@ def _free_port() -> int:
 
 @pytest.fixture
 def scratch_env(stack: Stack, tmp_path: Path) -> dict[str, str]:
-    home = Path(os.environ.get("WALBRIDGE_HOME", ROOT / ".walbridge"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
     env.update(
         WALBRIDGE_HOME=str(tmp_path / "home"),
-        WALBRIDGE_DOWNLOADS=str(home / "downloads"),
+        WALBRIDGE_DOWNLOADS=str(download_cache()),
         WALBRIDGE_PG_PORT=str(_free_port()),
         WALBRIDGE_KAFKA_PORT=str(_free_port()),
         WALBRIDGE_KAFKA_CONTROLLER_PORT=str(_free_port()),

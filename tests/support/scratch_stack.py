@@ -13,7 +13,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT, STACK
+from tests.conftest import STACK
 
 
 def port_free(port: int) -> bool:
@@ -41,17 +41,22 @@ def free_block(size: int) -> int:
     raise RuntimeError(f"no {size} consecutive free ports")
 
 
+def download_cache() -> Path:
+    """deploy/local/stack's download cache: $WALBRIDGE_DOWNLOADS, else the user's cache directory
+    (shared by every clone and state directory, so a scratch stack downloads nothing twice)."""
+    if cache := os.environ.get("WALBRIDGE_DOWNLOADS"):
+        return Path(cache)
+    if os.getuid() == 0:  # PostgreSQL runs as `postgres` then: root's home is closed to it
+        return Path("/var/cache/walbridge")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "walbridge"
+
+
 class ScratchStack:
     def __init__(self, home: Path, **settings: str) -> None:
-        session_home = Path(os.environ.get("WALBRIDGE_HOME", ROOT / ".walbridge"))
         self.home = home
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")}
         self.env.update(
-            WALBRIDGE_HOME=str(home),
-            WALBRIDGE_DOWNLOADS=os.environ.get(
-                "WALBRIDGE_DOWNLOADS", str(session_home / "downloads")
-            ),
-            **settings,
+            WALBRIDGE_HOME=str(home), WALBRIDGE_DOWNLOADS=str(download_cache()), **settings
         )
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

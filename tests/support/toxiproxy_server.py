@@ -1,6 +1,6 @@
 """One Toxiproxy server for a test session (no tests in this module).
 
-The binary is built on demand by deploy/local/install-toxiproxy (once per download cache), so
+The binary is built on demand by deploy/local/install-toxiproxy (once per download cache, deploy/local/lib/download-cache.sh), so
 a fresh machine's test command works without a separate install step. The API listens on a
 free port of the helper's range (tests.support.scratch_stack.free_block), on loopback only.
 """

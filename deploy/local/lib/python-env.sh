@@ -3,6 +3,10 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 export WALBRIDGE_HOME="${WALBRIDGE_HOME:-$ROOT/.walbridge}"
 VENV="$WALBRIDGE_HOME/venv"
+# Spark's connector jars (1.2 GB with the S3 connector) are resolved into deploy/local/stack's
+# download cache, shared by every clone, unless the caller chose another place.
+source "$ROOT/deploy/local/lib/download-cache.sh"
+export WALBRIDGE_SPARK_IVY_DIR="${WALBRIDGE_SPARK_IVY_DIR:-$(walbridge_download_cache)/ivy2}"
 
 ensure_python_env() {
   local python="${WALBRIDGE_PYTHON:-python3}"
