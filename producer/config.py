@@ -62,6 +62,12 @@ class ProducerConfig:
     queue_max_messages: int = setting(
         100_000, help="librdkafka's local queue bound (back-pressure)"
     )
+    kafka_socket_timeout_ms: int = setting(
+        30_000,
+        help="librdkafka socket.timeout.ms: a broker request unanswered this long (a silent "
+        "connection) is failed, the connection dropped and the request retried on a new one "
+        "(socket.timeout.ms in --kafka-config, when given, wins)",
+    )
     message_timeout_ms: int = setting(
         300_000, help="a delivery failing for this long stops the producer"
     )
@@ -75,6 +81,12 @@ class ProducerConfig:
         help="SchemaRegistryClient settings k=v,k=v (basic.auth.user.info, ssl.ca.location, ...)",
         secret=True,
     )
+    schema_registry_timeout_s: float = setting(
+        10.0,
+        help="seconds a registry request may take before it is retried with backoff (a silent "
+        "registry would otherwise hold the producer forever; the timeout key of "
+        "--schema-registry-config, when given, wins)",
+    )
     registry_max_attempts: int = setting(
         0, help="attempts per registry call (0: retry an outage forever)"
     )
@@ -82,6 +94,12 @@ class ProducerConfig:
     heartbeat_interval_s: float = setting(10.0, help="heartbeat record period (0: none)")
     idle_after_s: float = setting(
         1.0, help="quiet time after which in-flight state and the WAL end are confirmed"
+    )
+    replication_receive_timeout_s: float = setting(
+        30.0,
+        help="silence on the replication connection (no data, no keepalive) after which it "
+        "counts as dead and is reconnected with backoff; at half of it the producer asks the "
+        "server for a keepalive. Also bounds each replication command's answer",
     )
     status_interval_s: float = setting(
         10.0, help="Standby Status Update period (below wal_sender_timeout)"
@@ -214,10 +232,19 @@ class ProducerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be >= 0 seconds, got {value!r}")
-        for name in ("idle_after_s", "status_interval_s", "lag_interval_s"):
+        _at_least("kafka_socket_timeout_ms", self.kafka_socket_timeout_ms, 10)
+        for name in (
+            "idle_after_s", "status_interval_s", "lag_interval_s", "replication_receive_timeout_s",
+            "schema_registry_timeout_s",
+        ):  # fmt: skip
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+        if self.replication_receive_timeout_s <= self.idle_after_s:
+            raise ConfigError(
+                f"replication_receive_timeout_s ({self.replication_receive_timeout_s}) must "
+                f"exceed idle_after_s ({self.idle_after_s}): an idle stream is not a dead one"
+            )
         if self.idle_after_s > self.status_interval_s:
             raise ConfigError(
                 f"idle_after_s ({self.idle_after_s}) must not exceed status_interval_s ({self.status_interval_s})"
@@ -237,11 +264,12 @@ class ProducerConfig:
         """What every Kafka client of the producer needs: the extra settings and the brokers."""
         return {**self.librdkafka_extra(), "bootstrap.servers": self.kafka_bootstrap}
 
-    def registry_client_config(self) -> dict[str, str | int]:
+    def registry_client_config(self) -> dict[str, str | int | float]:
         try:
-            return registry_client_config(self.schema_registry_config)
+            given = registry_client_config(self.schema_registry_config)
         except ClientConfigError as exc:
             raise ConfigError(str(exc)) from None
+        return {"timeout": self.schema_registry_timeout_s, **given}
 
 
 # Settings whose librdkafka keys the producer sets itself: overriding them would break the

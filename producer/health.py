@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+POSTGRES = "PostgreSQL"  # the replication connection, in /readyz's "degraded: ..." reason
+
 
 class HealthState:
     """Written by the producer loop, read by the HTTP thread (plain attribute writes are atomic)."""
@@ -26,6 +28,17 @@ class HealthState:
 
     def progress(self) -> None:
         self.last_progress = time.monotonic()
+
+    def unreachable(self, dependency: str, detail: str) -> None:
+        """A dependency is being retried with backoff: /readyz says "degraded" and why, while
+        /healthz stays up (waiting for a server to come back is not a hang)."""
+        self.degraded = f"{dependency} unreachable: {detail}"
+        self.progress()
+
+    def reachable(self, dependency: str) -> None:
+        """``dependency`` answered again; another dependency's outage stays reported."""
+        if self.degraded is not None and self.degraded.startswith(f"{dependency} unreachable"):
+            self.degraded = None
 
     def alive(self) -> tuple[bool, str]:
         if self.stopped is not None:
@@ -42,7 +55,7 @@ class HealthState:
         if not self.streaming:
             return False, "not streaming yet"
         if self.degraded is not None:
-            return False, self.degraded
+            return False, f"degraded: {self.degraded}"
         return True, f"ok: {self.activity}" if self.activity else "ok"
 
 

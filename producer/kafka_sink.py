@@ -59,6 +59,8 @@ def producer_settings(
 
 def _common_settings(config: ProducerConfig) -> dict[str, Any]:
     return {
+        # Before the operator's own settings, which may set it too.
+        "socket.timeout.ms": config.kafka_socket_timeout_ms,
         **config.kafka_client(),
         "enable.idempotence": True,  # implies max.in.flight <= 5 and retries that keep order
         "acks": "all",

@@ -35,7 +35,7 @@ from producer.delivery import DeliveryTracker
 from producer.emitter import EventEmitter
 from producer.errors import PublicationMissingError, StreamStateError
 from producer.fast_dml import DML_TAGS, FastDml
-from producer.health import HealthServer, HealthState
+from producer.health import POSTGRES, HealthServer, HealthState
 from producer.kafka_sink import KafkaSink
 from producer.kafka_transactions import KafkaTransactions
 from producer.lag import LagMonitor
@@ -265,6 +265,7 @@ class Pipeline:
     def on_reconnect(self, lsn: int) -> None:
         """The stream reconnected and resends from ``lsn``: drop the partial transaction."""
         self.metrics.replication_reconnects.inc()
+        self.health.reachable(POSTGRES)
         self.decoder.reset()
         em = self.emitter
         tx = em.tx

@@ -33,7 +33,7 @@ from producer.envelope_writer import TableEnvelopeWriter
 from producer.errors import ConfigError, DeliveryError
 from producer.events import Row, source_block
 from producer.fast_dml import fast_dml
-from producer.health import HealthServer, HealthState
+from producer.health import POSTGRES, HealthServer, HealthState
 from producer.kafka_sink import KafkaSink, producer_settings
 from producer.kafka_transactions import CommitPolicy, KafkaTransactions
 from producer.lag import LagMonitor
@@ -153,7 +153,12 @@ def _connect(
             http = HealthServer(cfg.metrics_host, cfg.metrics_port, health, metrics.registry)
             http.start()
             opened.callback(http.stop)
-        client = ReplicationClient(cfg.pg_dsn, _replication_config(cfg), on_reconnect=on_reconnect)
+        client = ReplicationClient(
+            cfg.pg_dsn,
+            _replication_config(cfg),
+            on_reconnect=on_reconnect,
+            on_connection_lost=lambda exc: health.unreachable(POSTGRES, str(exc)),
+        )
         opened.callback(client.close)
         identity = client.open()
         prefix = cfg.topic_prefix or name_part(identity.dbname)
@@ -339,6 +344,7 @@ def _replication_config(cfg: ProducerConfig) -> ReplicationConfig:
             # only stops publishing the application's own.
             "messages": True,
             "status_interval": cfg.status_interval_s,
+            "receive_timeout": cfg.replication_receive_timeout_s,
             "application_name": "walbridge_producer",
         }
     )

@@ -34,6 +34,9 @@ PRODUCER: Final = frozenset({
     # the slot's safety (issue 39)
     "WALBRIDGE_ON_SLOT_LOSS", "WALBRIDGE_FAILOVER_SLOT", "WALBRIDGE_ORIGIN",
     "WALBRIDGE_RECONNECT_TIMEOUT_S",
+    # network timeouts (issue 41)
+    "WALBRIDGE_REPLICATION_RECEIVE_TIMEOUT_S", "WALBRIDGE_KAFKA_SOCKET_TIMEOUT_MS",
+    "WALBRIDGE_SCHEMA_REGISTRY_TIMEOUT_S",
 })  # fmt: skip
 
 CONSUMER: Final = frozenset({
@@ -64,6 +67,8 @@ LOCAL_STACK: Final = frozenset({
     "WALBRIDGE_S3_BUCKET",
     # `WALBRIDGE_KAFKA_BROKERS=3 stack up`: a three-broker KRaft cluster
     "WALBRIDGE_KAFKA_BROKERS",
+    # a fault-injecting proxy in front of the one broker (tests/support/toxiproxy_stack.py)
+    "WALBRIDGE_KAFKA_ADVERTISED_PORT",
     # deploy/local/debezium-server (the side-by-side benchmark): a Java 21+ binary
     "WALBRIDGE_DEBEZIUM_JAVA",
     # `WALBRIDGE_STACK_SECURE=1 stack up`: TLS, SASL, ACLs (on topics, ids and groups with the

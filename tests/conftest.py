@@ -21,6 +21,7 @@ from hypothesis import settings
 
 if TYPE_CHECKING:
     from tests.support.secure_stack import SecureStack
+    from tests.support.toxiproxy_client import ToxiproxyApi
 
 # Property tests check what is generated, not how fast: Hypothesis's default 200 ms deadline per
 # example fails them on a loaded 2-core machine (the suite shares it with Kafka, PostgreSQL and
@@ -155,3 +156,12 @@ def kafka_bootstrap(stack: Stack) -> str:
 @pytest.fixture(scope="session")
 def registry_url(stack: Stack) -> str:
     return stack.registry_url
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToxiproxyApi]:
+    """One Toxiproxy server per session (built on first use): the network-fault tests."""
+    from tests.support.toxiproxy_server import toxiproxy_server
+
+    with toxiproxy_server(tmp_path_factory.mktemp("toxiproxy")) as api:
+        yield api

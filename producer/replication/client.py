@@ -49,10 +49,12 @@ class ReplicationClient:
         config: ReplicationConfig,
         *,
         on_reconnect: Callable[[int], None] | None = None,
+        on_connection_lost: Callable[[ReplicationError], None] | None = None,
     ) -> None:
         self._dsn = dsn
         self._config = config
         self._on_reconnect = on_reconnect
+        self._on_connection_lost = on_connection_lost
         self._redacted = redact_dsn(dsn)  # also validates the DSN before any I/O
         self._conninfo = replication_conninfo(
             dsn, application_name=config.application_name, connect_timeout=config.connect_timeout
@@ -77,7 +79,10 @@ class ReplicationClient:
             "connecting for replication", extra={"dsn": self._redacted, "slot": self._config.slot}
         )
         conn = WalsenderConnection.connect(
-            self._conninfo, slot=self._config.slot, display=self._redacted
+            self._conninfo,
+            slot=self._config.slot,
+            display=self._redacted,
+            answer_timeout=self._config.receive_timeout,
         )
         try:
             check_wal_level(conn)
@@ -221,6 +226,7 @@ class ReplicationClient:
             start_lsn=start_lsn,
             connection=self._conn,
             on_reconnect=self._on_reconnect,
+            on_connection_lost=self._on_connection_lost,
         )
         self._conn = None  # owned by the stream from now on
         if idle_after is None:
@@ -229,7 +235,10 @@ class ReplicationClient:
 
     def _reconnect(self) -> WalsenderConnection:
         conn = WalsenderConnection.connect(
-            self._conninfo, slot=self._config.slot, display=self._redacted
+            self._conninfo,
+            slot=self._config.slot,
+            display=self._redacted,
+            answer_timeout=self._config.receive_timeout,
         )
         try:
             identity = identify_system(conn)

@@ -100,6 +100,11 @@ class ReplicationConfig:
     # Standby Status Updates are sent at least this often, also when idle (seconds). Keep it
     # well below the server's wal_sender_timeout (60 s by default).
     status_interval: float = 10.0
+    # Silence (no data, no keepalive) after which the connection counts as dead, like the
+    # walreceiver's wal_receiver_timeout: at half of it the client asks the server for an
+    # answer, at the end it reconnects (producer.replication.liveness). Also bounds how long a
+    # walsender command may wait for its answer. Seconds.
+    receive_timeout: float = 30.0
     reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
     application_name: str = "walbridge"
     connect_timeout: int = 10
@@ -135,6 +140,10 @@ class ReplicationConfig:
         if not (math.isfinite(self.status_interval) and self.status_interval > 0):
             raise _config_error(
                 f"status_interval must be > 0 seconds, got {self.status_interval!r}"
+            )
+        if not (math.isfinite(self.receive_timeout) and self.receive_timeout > 0):
+            raise _config_error(
+                f"receive_timeout must be > 0 seconds, got {self.receive_timeout!r}"
             )
         if self.connect_timeout < 1:
             raise _config_error(

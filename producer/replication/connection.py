@@ -13,6 +13,7 @@ import psycopg
 from psycopg import pq
 from psycopg.pq import abc as pq_abc
 
+from producer.replication import connecting
 from producer.replication.errors import ErrorKind, ReplicationError
 
 # SQLSTATE classes/codes that mean "the connection went away; try again" rather than a refusal:
@@ -24,6 +25,10 @@ _OBJECT_IN_USE = "55006"  # "replication slot ... is active for PID n"
 # covers other refusals ("... was not created in this database"), which the start-up checks
 # rule out before streaming; the producer confirms a loss from pg_replication_slots anyway.
 _SLOT_GONE_STATES = ("42704", "55000")
+# Commands that legitimately wait on other sessions (creating a slot waits for the transactions
+# running at that moment; DROP ... WAIT for the slot's holder): never cut short by the answer
+# timeout, whose job is to catch a silent connection, not a slow server.
+_UNBOUNDED_COMMANDS = (b"CREATE_REPLICATION_SLOT", b"DROP_REPLICATION_SLOT")
 
 Row = tuple[str | None, ...]
 
@@ -40,21 +45,34 @@ class WalsenderConnection:
     blocks on a read and the server drains our writes in its own loop.
     """
 
-    def __init__(self, pgconn: pq_abc.PGconn, slot: str) -> None:
+    def __init__(
+        self, pgconn: pq_abc.PGconn, slot: str, answer_timeout: float | None = None
+    ) -> None:
         self.pgconn = pgconn
         self.slot = slot
+        # Seconds a command may wait for the server's first answer (None: forever): libpq's
+        # PQexec would wait on a silent connection without end.
+        self.answer_timeout = answer_timeout
         self._selector: selectors.BaseSelector | None = None
         self.closed = False
 
     @classmethod
     def connect(
-        cls, conninfo: bytes, *, slot: str, display: str, lsn: int | None = None
+        cls,
+        conninfo: bytes,
+        *,
+        slot: str,
+        display: str,
+        lsn: int | None = None,
+        answer_timeout: float | None = None,
     ) -> WalsenderConnection:
-        """``display`` is the password-free DSN that error messages show."""
+        """``display`` is the password-free DSN that error messages show; establishing the
+        connection is bounded by the conninfo's connect_timeout, each command's answer by
+        ``answer_timeout``."""
         detail = f"can't connect to {display}"
         try:
-            pgconn = pq.PGconn.connect(conninfo)
-        except psycopg.OperationalError as exc:
+            pgconn = connecting.connect(conninfo, connecting.connect_deadline_s(conninfo))
+        except (psycopg.OperationalError, connecting.ConnectTimeout) as exc:
             raise ReplicationError(
                 ErrorKind.CONNECTION, detail, slot=slot, lsn=lsn, server_message=str(exc)
             ) from exc
@@ -64,7 +82,7 @@ class WalsenderConnection:
             raise ReplicationError(
                 ErrorKind.CONNECTION, detail, slot=slot, lsn=lsn, server_message=message
             )
-        return cls(pgconn, slot)
+        return cls(pgconn, slot, answer_timeout)
 
     # --- commands ------------------------------------------------------------------------
 
@@ -99,10 +117,44 @@ class WalsenderConnection:
         self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
 
     def _exec(self, command: bytes, *, lsn: int | None) -> pq_abc.PGresult:
+        timeout = self.answer_timeout
         try:
-            return self.pgconn.exec_(command)
+            if timeout is None or command.startswith(_UNBOUNDED_COMMANDS):
+                return self.pgconn.exec_(command)
+            return self._exec_within(command, timeout, lsn=lsn)
         except psycopg.OperationalError as exc:
             raise self.lost(f"{self._verb(command)} failed", lsn=lsn, cause=exc) from exc
+
+    def _exec_within(self, command: bytes, timeout: float, *, lsn: int | None) -> pq_abc.PGresult:
+        """PQexec with a deadline: send, then read results until the last one (or COPY BOTH,
+        after which the connection streams), waiting on the socket at most ``timeout`` s."""
+        pgconn = self.pgconn
+        pgconn.send_query(command)
+        deadline = time.monotonic() + timeout
+        last: pq_abc.PGresult | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(pgconn.socket, selectors.EVENT_READ)
+            while True:
+                pgconn.consume_input()
+                while not pgconn.is_busy():
+                    result = pgconn.get_result()
+                    if result is None:
+                        if last is None:
+                            raise self.lost(f"{self._verb(command)} returned nothing", lsn=lsn)
+                        return last
+                    if result.status == pq.ExecStatus.COPY_BOTH:
+                        return result
+                    last = result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ReplicationError(
+                        ErrorKind.CONNECTION,
+                        f"{self._verb(command)}: no answer from the server within {timeout:g} s "
+                        "(receive timeout): the connection is silent",
+                        slot=self.slot,
+                        lsn=lsn,
+                    )
+                selector.select(remaining)
 
     @staticmethod
     def _verb(command: bytes) -> str:

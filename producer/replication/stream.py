@@ -25,6 +25,7 @@ from producer.replication.frames import (
     parse_keepalive,
     split_xlogdata,
 )
+from producer.replication.liveness import Liveness, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class ReplicationStream:
         start_lsn: int = 0,
         connection: WalsenderConnection | None = None,
         on_reconnect: Callable[[int], None] | None = None,
+        on_connection_lost: Callable[[ReplicationError], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -54,6 +56,9 @@ class ReplicationStream:
         self._start_lsn = start_lsn
         self._conn = connection
         self._on_reconnect = on_reconnect
+        # Called when the connection is lost and after each failed attempt, before the backoff
+        # wait: the producer's health says why it is not streaming.
+        self._on_connection_lost = on_connection_lost
         self._clock = clock
         self._sleep = sleep
         self._confirmed = 0
@@ -181,6 +186,11 @@ class ReplicationStream:
         unpack_header = XLOGDATA_HEADER.unpack_from
         clock = self._clock
         last_data_at = clock()
+        # Data and keepalives both prove the server is there; the hot path only stores a clock
+        # value it reads anyway, the silence check runs where the loop would wait.
+        heard_at = last_data_at
+        live = Liveness(self._config.receive_timeout, last_heard=heard_at)
+        drained_at = last_data_at  # when the socket was last read into libpq
         while not self._closed:
             try:
                 n, frame = get_copy_data(1)
@@ -201,7 +211,7 @@ class ReplicationStream:
                     yield frame[XLOGDATA_PAYLOAD_OFFSET:], wal_start, wal_end
                     # A stream that never drains must still report on time; a clock read
                     # is ~1% of the per-message cost, cheaper than being timed out.
-                    last_data_at = clock()
+                    last_data_at = heard_at = clock()
                     if last_data_at >= self._next_status_at:
                         self.send_status()
                 elif tag == KEEPALIVE_TAG:
@@ -210,12 +220,27 @@ class ReplicationStream:
                     except ReplicationError as exc:
                         raise self._protocol_error(exc.detail) from exc
                     self._on_keepalive(keepalive)
+                    heard_at = clock()
                 else:
                     raise self._protocol_error(f"unknown CopyData tag {bytes(frame[:1])!r}")
             elif n == 0:
                 # libpq's buffer is drained: the only place we wait on the socket.
                 now = clock()
-                if now >= self._next_status_at:
+                if heard_at > live.last_heard:
+                    live.heard(heard_at)
+                verdict = live.verdict(now)
+                if verdict is Verdict.DEAD:
+                    if drained_at < live.next_check():
+                        # Busy elsewhere past the deadline: read what the socket holds first.
+                        conn.wait_readable(0.0, lsn=self._confirmed)
+                        drained_at = clock()
+                        continue
+                    raise self._silent_error(live.silent_for(now))
+                if verdict is Verdict.ASK:
+                    self.send_status(reply_requested=True)
+                    live.asked(now)
+                    now = clock()
+                elif now >= self._next_status_at:
                     self.send_status()
                     now = clock()
                 wait = idle_after
@@ -226,8 +251,9 @@ class ReplicationStream:
                     last_data_at = now
                     yield None
                     continue
-                timeout = min(self._next_status_at, idle_at) - now
+                timeout = min(self._next_status_at, idle_at, live.next_check()) - now
                 conn.wait_readable(timeout, lsn=self._confirmed)
+                drained_at = clock()
             else:
                 raise conn.copy_ended(lsn=self._confirmed)
 
@@ -240,6 +266,16 @@ class ReplicationStream:
         if keepalive.reply_requested:
             # The server is about to time us out (wal_sender_timeout): answer at once.
             self.send_status()
+
+    def _silent_error(self, silent_s: float) -> ReplicationError:
+        """Retriable: the connection is dropped and reconnected with backoff."""
+        return ReplicationError(
+            ErrorKind.CONNECTION,
+            f"no message from the server for {silent_s:.1f} s, none after asking for one "
+            f"(receive timeout {self._config.receive_timeout:g} s): the connection is silent",
+            slot=self._config.slot,
+            lsn=self._confirmed,
+        )
 
     def _protocol_error(self, detail: str) -> ReplicationError:
         return ReplicationError(
@@ -264,6 +300,8 @@ class ReplicationStream:
             if give_up_at is not None and self._clock() + delay > give_up_at:
                 limit = f"{policy.max_elapsed:g} s"
                 break
+            if self._on_connection_lost is not None:
+                self._on_connection_lost(last)
             log.warning(
                 "replication connection lost; reconnecting",
                 extra={

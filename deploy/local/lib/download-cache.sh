@@ -1,5 +1,5 @@
 # Sourced by the local tools (deploy/local/stack, flink-sql, debezium-server, the test and demo
-# commands, deploy/container/build, deploy/monitoring/install-promtool): where downloads are kept,
+# commands, deploy/container/build, deploy/monitoring/install-promtool, deploy/local/install-toxiproxy): where downloads are kept,
 # shared by every clone and state directory so that nothing is downloaded or built twice.
 #
 #   $WALBRIDGE_DOWNLOADS if set; else, for root, /var/cache/walbridge: PostgreSQL runs as the
