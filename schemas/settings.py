@@ -78,6 +78,9 @@ LOCAL_STACK: Final = frozenset({
     # `stack env` prints the standby's DSN and the directory of the PostgreSQL client tools
     "WALBRIDGE_PG_VERSION", "WALBRIDGE_PG_STANDBY", "WALBRIDGE_PG_STANDBY_PORT",
     "WALBRIDGE_PG_STANDBY_DSN", "WALBRIDGE_PG_TOOLS",
+    # the test suite: the port range its scratch stacks take (tests/support/scratch_stack.py),
+    # so that several suites can run side by side
+    "WALBRIDGE_HELPER_PORT_BASE",
 })  # fmt: skip
 
 # WALBRIDGE_<NAME>_FILE: a secret setting read from a file, for the producer and the consumer.
