@@ -93,12 +93,29 @@ def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> StructType:
     return lake_state.read(spark, path).schema
 
 
+def _still_open(lo: int, t: str = "") -> Column:
+    """Versions not closed before the batch's first commit: every version the batch can touch
+    (those valid at its start, and on a replay those it wrote). Closed versions are most of a
+    long history; Delta skips their files by the column's statistics, so a batch's cost follows
+    its own changes, not the history's length."""
+    return F.col(f"{t}{TO_LSN}").isNull() | (F.col(f"{t}{TO_LSN}") > lo)
+
+
 def _prior(
-    spark: SparkSession, path: str, lo: int, columns: tuple[str, ...], types: dict[str, DataType]
+    spark: SparkSession,
+    path: str,
+    tc: TableChanges,
+    lo: int,
+    types: dict[str, DataType],
+    whole: bool,
 ) -> DataFrame:
-    """The versions valid at the batch's start, as timeline rows."""
+    """The versions valid at the batch's start, as timeline rows (of the batch's key range
+    unless `whole`: a truncate closes every open version)."""
+    columns = tc.columns
     hist = spark.read.format("delta").load(path)
-    valid = (F.col(FROM_LSN) <= lo) & (F.col(TO_LSN).isNull() | (F.col(TO_LSN) > lo))
+    valid = (F.col(FROM_LSN) <= lo) & _still_open(lo)
+    if not whole and (bounds := _key_range(tc, "")) is not None:
+        valid = valid & bounds
     return hist.filter(valid).select(
         *[
             (F.col(c) if c in hist.columns else F.lit(None)).cast(types[c]).alias(c)
@@ -242,7 +259,6 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
     changes = tc.changes
     toast_cols = [c for c in tc.columns if c in tc.toast_columns]
     events = _events(changes, tc.columns)
-    prior_all = _prior(spark, path, lo, tc.columns, types)
     points: list[tuple[int, int, int | None]] = []
     if tc.truncate is not None:
         points = [
@@ -251,6 +267,7 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
             .select(COMMIT_LSN, TOTAL_ORDER, TS_MS)
             .collect()
         ]
+    prior_all = _prior(spark, path, tc, lo, types, whole=bool(points))
     batch_keys = events.select(*tc.key).distinct()
     if points:  # a truncate closes every open version, touched by the batch or not
         prior = prior_all
@@ -287,7 +304,7 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
     )
     versions = _versions(states, tc, opts).persist(CACHE)
     try:
-        _merge(spark, path, versions, tc, schema)
+        _merge(spark, path, versions, tc, schema, lo, whole=bool(points))
     finally:
         versions.unpersist()
         if toast_cols:
@@ -295,12 +312,33 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
     return lake_state.read(spark, path).version
 
 
+def _key_range(tc: TableChanges, t: str) -> Column | None:
+    """The batch's bounds of the first key column (merge_sql.key_range's, for the history)."""
+    if tc.key_min is None or tc.key_max is None:
+        return None
+    k = F.col(f"{t}`{tc.key[0]}`")
+    return (k >= F.lit(tc.key_min)) & (k <= F.lit(tc.key_max))
+
+
 def _merge(
-    spark: SparkSession, path: str, versions: DataFrame, tc: TableChanges, schema: StructType
+    spark: SparkSession,
+    path: str,
+    versions: DataFrame,
+    tc: TableChanges,
+    schema: StructType,
+    lo: int,
+    whole: bool,
 ) -> None:
     target_cols = [f.name for f in schema.fields if f.name not in HISTORY_META]
     check_names(tc.name, target_cols)
-    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key) + f" AND t.{FROM_LSN} = s.{FROM_LSN}"
+    on = F.expr(
+        " AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key) + f" AND t.{FROM_LSN} = s.{FROM_LSN}"
+    )
+    # Target-only predicates, so Delta prunes the files no matched version can be in: those
+    # of closed versions, and (without a truncate) of keys outside the batch's range.
+    on = on & _still_open(lo, "t.")
+    if not whole and (bounds := _key_range(tc, "t.")) is not None:
+        on = on & bounds
     values: dict[str, str | Column] = {
         f"`{c}`": F.col(f"s.`{c}`") for c in target_cols if c in tc.columns
     }
@@ -316,7 +354,7 @@ def _merge(
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
-        .merge(versions.alias("s"), F.expr(on))
+        .merge(versions.alias("s"), on)
         .whenMatchedUpdate(set={**sets, **meta})
         .whenNotMatchedInsert(values=inserts)
         .execute()
