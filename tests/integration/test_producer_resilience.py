@@ -188,3 +188,23 @@ def test_schema_change_mid_stream(
 
     client = SchemaRegistryClient({"url": registry_url})
     assert len(client.get_versions(f"{topic(source, table)}-value")) == 2
+
+
+def test_every_change_after_a_schema_change_carries_the_new_column(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, source: Source, table: str
+) -> None:
+    """Many-row transactions after ADD COLUMN (the demo's shape): every one of their events is
+    written with the new schema, the new column's value included."""
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url).start()
+    insert_batches(pg_dsn, table, 1, 1, 40)
+    sql(pg_dsn, f"ALTER TABLE {table} ADD COLUMN points int")
+    for rest in range(2):
+        sql(pg_dsn, f"UPDATE {table} SET points = id * 10 WHERE id % 2 = {rest}")
+    finish(producer, source)
+    records = TopicReader(kafka_bootstrap, registry_url).read([topic(source, table)], expect=80)
+    updates = {r.value["after"]["id"]: r.value["after"] for r in records if r.value["op"] == "u"}
+    assert len(records) == 80 and len(updates) == 40
+    wrong = {
+        i: after.get("points") for i, after in updates.items() if after.get("points") != i * 10
+    }
+    assert wrong == {}
