@@ -177,7 +177,13 @@ class Pipeline:
                 "WALBRIDGE_LAKE_PATH": self.lake,
                 "WALBRIDGE_CHECKPOINT_PATH": self.checkpoint,
                 "WALBRIDGE_SPARK_DRIVER_MEMORY": "1g",
+                # No /metrics server: the default port is one per machine, and another
+                # consumer (a second suite, the demo) may hold it.
+                "WALBRIDGE_CONSUMER_METRICS_PORT": "0",
             }
+            # The test command's Ivy cache (deploy/local/lib/python-env.sh), so the child
+            # finds the connector jars already resolved.
+            | {k: v for k, v in os.environ.items() if k == "WALBRIDGE_SPARK_IVY_DIR"}
             | security.consumer_env()
             | extra
         )

@@ -195,7 +195,13 @@ class Run:
             )
 
     def consumer_env(self) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_")} | {
+        # The caller's Ivy cache (the test command sets it), so a restarted consumer finds the
+        # connector jars' manifest and starts without resolving them.
+        keep = ("WALBRIDGE_SPARK_IVY_DIR",)
+        inherited = {
+            k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_") or k in keep
+        }
+        return inherited | {
             "WALBRIDGE_KAFKA_BOOTSTRAP": self.kafka,
             "WALBRIDGE_SCHEMA_REGISTRY_URL": self.registry,
             "WALBRIDGE_TOPIC_PREFIX": self.source.prefix,
