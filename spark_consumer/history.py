@@ -41,7 +41,7 @@ from pyspark.sql.types import (
 )
 from pyspark.sql.window import Window
 
-from spark_consumer import lake_state
+from spark_consumer import lake_state, merge_sql
 from spark_consumer.cache_level import CACHE
 from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
@@ -114,7 +114,7 @@ def _prior(
     columns = tc.columns
     hist = spark.read.format("delta").load(path)
     valid = (F.col(FROM_LSN) <= lo) & _still_open(lo)
-    if not whole and (bounds := _key_range(tc, "")) is not None:
+    if not whole and (bounds := merge_sql.key_range(tc, "")) is not None:
         valid = valid & bounds
     return hist.filter(valid).select(
         *[
@@ -312,14 +312,6 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
     return lake_state.read(spark, path).version
 
 
-def _key_range(tc: TableChanges, t: str) -> Column | None:
-    """The batch's bounds of the first key column (merge_sql.key_range's, for the history)."""
-    if tc.key_min is None or tc.key_max is None:
-        return None
-    k = F.col(f"{t}`{tc.key[0]}`")
-    return (k >= F.lit(tc.key_min)) & (k <= F.lit(tc.key_max))
-
-
 def _merge(
     spark: SparkSession,
     path: str,
@@ -337,7 +329,7 @@ def _merge(
     # Target-only predicates, so Delta prunes the files no matched version can be in: those
     # of closed versions, and (without a truncate) of keys outside the batch's range.
     on = on & _still_open(lo, "t.")
-    if not whole and (bounds := _key_range(tc, "t.")) is not None:
+    if not whole and (bounds := merge_sql.key_range(tc)) is not None:
         on = on & bounds
     values: dict[str, str | Column] = {
         f"`{c}`": F.col(f"s.`{c}`") for c in target_cols if c in tc.columns

@@ -37,13 +37,13 @@ def before_sql(point: tuple[int, int], t: str = "t.") -> str:
     return f"({t}{COMMIT_LSN} < {lsn} OR ({t}{COMMIT_LSN} = {lsn} AND {t}{TOTAL_ORDER} < {order}))"
 
 
-def key_range(tc: TableChanges) -> Column | None:
+def key_range(tc: TableChanges, t: str = "t.") -> Column | None:
     """A target-only predicate on the first key column, so Delta skips files by their min/max
     statistics instead of scanning the whole table (keys of a batch are usually clustered:
-    new rows and recently changed ones)."""
+    new rows and recently changed ones). `t`: the target's alias ("" for a plain read)."""
     if tc.key_min is None or tc.key_max is None:
         return None
-    k = F.col(f"t.`{tc.key[0]}`")
+    k = F.col(f"{t}`{tc.key[0]}`")
     return (k >= F.lit(tc.key_min)) & (k <= F.lit(tc.key_max))
 
 
