@@ -50,6 +50,7 @@ from spark_consumer.config import ConsumerConfig
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
+from spark_consumer.maintenance_runner import Maintainer
 from spark_consumer.merge_runner import MergeRunner
 from spark_consumer.metrics import ConsumerMetrics
 from spark_consumer.reassembly import Plan, check_age, stale
@@ -97,6 +98,14 @@ class BatchProcessor:
         self._decoder = BatchDecoder(
             spark, config, schemas, conversions, self._columns, self._merges.lake_table
         )
+        # Compaction and VACUUM between batches (issue 40), within the maintenance budget.
+        self.maintenance = Maintainer(
+            spark,
+            config,
+            self._merges.lake_table,
+            self._merges.forget_table,
+            metrics.lake if metrics is not None else None,
+        )
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -106,6 +115,7 @@ class BatchProcessor:
         self.reports.append(report)
         if self.metrics is not None:
             self.metrics.observe_batch(report, self.clock_ms())
+        self.maintenance.run(report.seconds)  # after the progress row: the batch is visible
 
     def close(self) -> None:
         """Let the Delta checkpoint in progress finish (the others wait for the next run)."""
@@ -333,6 +343,7 @@ class BatchProcessor:
         if quarantined and cfg.quarantine_path:
             written.append(cfg.quarantine_path)
         self.checkpoints.request(written)
+        self.maintenance.request(written, pending_version)
         return after, BatchReport(
             batch_id=batch_id,
             commit_lsn=plan.watermark_after,

@@ -15,7 +15,14 @@ from contextlib import nullcontext
 
 from pyspark.sql import SparkSession
 
-from spark_consumer import codegen_stable, lake_state, merge, progress, transaction_stats
+from spark_consumer import (
+    codegen_stable,
+    delta_conflicts,
+    lake_state,
+    merge,
+    progress,
+    transaction_stats,
+)
 from spark_consumer.batch_decode import DecodedTable
 from spark_consumer.column_cache import ColumnCache
 from spark_consumer.columns import COMMIT_LSN, OK
@@ -85,6 +92,10 @@ class MergeRunner:
         its state was kept); the next batch reads each table's log again."""
         self._lake.clear()
 
+    def forget_table(self, path: str) -> None:
+        """Drop what is known of one table: another writer (compaction) committed to it."""
+        self._lake.pop(path, None)
+
     def _merge_groups(
         self, works: tuple[TableWork, ...], tables: dict[str, DecodedTable]
     ) -> list[tuple[tuple[TableWork, ...], bool]]:
@@ -120,6 +131,24 @@ class MergeRunner:
         return [(group, rewrite) for group, rewrite in groups if group]
 
     def _apply(
+        self,
+        table: DecodedTable,
+        work: TableWork,
+        plan: Plan,
+        recorded_version: int | None,
+        snapshotting: bool,
+    ) -> int | None:
+        """`_apply_once`, again from a fresh read of the table after a commit conflict (a
+        concurrent OPTIMIZE, say): the state kept here is then stale (delta_conflicts.py says
+        why doing it again is safe)."""
+        path = self.config.table_path(table.info.schema, table.info.table)
+        return delta_conflicts.retry_on_conflict(
+            lambda: self._apply_once(table, work, plan, recorded_version, snapshotting),
+            f"table {work.collection}",
+            on_conflict=lambda: self.forget_table(path),
+        )
+
+    def _apply_once(
         self,
         table: DecodedTable,
         work: TableWork,
