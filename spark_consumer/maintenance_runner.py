@@ -86,11 +86,14 @@ class Maintainer:
         if not self.enabled:
             return
         self.budget.earn(batch_seconds)
+        vacuumed: set[str] = set()  # once per table between two batches, however short the cadence
         while self.budget.may_start():
-            job = self._next()
+            job = self._next(vacuumed)
             if job is None:
                 return
             kind, path = job
+            if kind == "vacuum":
+                vacuumed.add(path)
             started = time.perf_counter()
             try:
                 self._do(kind, path)
@@ -106,7 +109,7 @@ class Maintainer:
                 if self._metrics is not None:
                     self._metrics.maintenance_seconds.inc(spent)
 
-    def _next(self) -> tuple[str, str] | None:
+    def _next(self, vacuumed: set[str]) -> tuple[str, str] | None:
         if self._compact:
             path = next(iter(self._compact))
             del self._compact[path]
@@ -116,7 +119,7 @@ class Maintainer:
         now = self._clock()
         every = self.retention.vacuum_every_s
         for path, seen in self._first_seen.items():
-            if now - self._last_vacuum.get(path, seen) >= every:
+            if path not in vacuumed and now - self._last_vacuum.get(path, seen) >= every:
                 return "vacuum", path
         return None
 
