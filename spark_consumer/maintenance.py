@@ -189,14 +189,17 @@ def lake_tables(spark: SparkSession, lake: str, quarantine: str | None = None) -
     so `s3a://` lakes work as local ones."""
     jvm = spark._jvm
     assert jvm is not None
-    root = jvm.org.apache.hadoop.fs.Path(lake)
-    fs = root.getFileSystem(spark._jsc.hadoopConfiguration())
+    fs = jvm.org.apache.hadoop.fs.Path(lake).getFileSystem(spark._jsc.hadoopConfiguration())
+    # Listed paths come back qualified (file:/..., s3a://bucket/...): compare qualified forms.
+    root = str(fs.makeQualified(jvm.org.apache.hadoop.fs.Path(lake)).toString()).rstrip("/")
     found: list[str] = []
     for pattern in ("*/*/_delta_log", "_walbridge/*/_delta_log", "_walbridge/*/*/*/_delta_log"):
         statuses = fs.globStatus(jvm.org.apache.hadoop.fs.Path(f"{lake}/{pattern}")) or []
         for status in statuses:
-            table = str(status.getPath().getParent().toString())
-            name = table[len(str(root.toString())) :].lstrip("/")
+            table = str(fs.makeQualified(status.getPath().getParent()).toString())
+            if not table.startswith(root + "/"):
+                continue  # not below the lake (a symbolic link's target, say)
+            name = table[len(root) :].lstrip("/")
             if pattern.startswith("*") and name.startswith("_walbridge/"):
                 continue  # the consumer's own: listed by the other patterns
             found.append(f"{lake}/{name}")

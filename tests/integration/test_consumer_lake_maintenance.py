@@ -30,7 +30,7 @@ from spark_consumer import consistent_read, delta_conflicts, lake_state, mainten
 from spark_consumer import maintenance_policy as mp
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig, MaintainConfig
-from spark_consumer.maintenance_command import maintain
+from spark_consumer.maintenance_command import maintain, status
 from spark_consumer.writer_schemas import WriterSchemas
 from tests.support.event_writer import ColumnSpec, EventWriter, TableSpec, registry_client
 from tests.support.spark import KafkaLog, spark  # noqa: F401
@@ -150,7 +150,7 @@ def test_many_batches_compaction_vacuum_and_reads_within_the_window(
     # the table needs (one file) are there. Delayed by the budget at most a batch or two, the
     # count stays bounded: it does not grow with the batches.
     needed = mp.files_needed(lake.size, b.config.lake_target_file_bytes)
-    assert max(files) <= needed + small_files_max + 3 < b.batches, (files, b.batches)
+    assert max(files) <= needed + small_files_max + 4 < b.batches, (files, b.batches)
     assert min(files[len(files) // 2 :]) <= needed + small_files_max, files
 
     first_files = data_files(b.table)
@@ -171,7 +171,7 @@ def test_many_batches_compaction_vacuum_and_reads_within_the_window(
     )
     expired = sorted(set(range(b.batches)) - set(kept_rows))
     assert kept_rows and expired, (kept_rows, expired)
-    assert b.processor.maintenance.vacuums >= 1 or "vacuumed" in " ".join(lines)
+    assert b.processor.maintenance.vacuums >= 1
     assert kept_rows[-1] == b.batches - 1  # the latest row is never expired
     for batch_id in kept_rows:
         b.check_read(
@@ -340,3 +340,10 @@ def test_kill_9_during_compaction_then_maintain_again(spark: SparkSession, tmp_p
             spark, b.config.lake_path, None, lambda n: b.config.table_path(*n.split("."))
         )
     )
+    tables, oldest_ms = status(spark, MaintainConfig(lake_path=b.config.lake_path))
+    by_name = {t.name: t for t in tables}
+    assert set(by_name) == {"bank/accounts", "_walbridge/progress"}
+    accounts = by_name["bank/accounts"]
+    assert 2 <= accounts.figures.files <= 3  # the compacted file and the last batch's
+    assert accounts.last_compaction_ms is not None and accounts.last_vacuum_ms is not None
+    assert oldest_ms is not None
