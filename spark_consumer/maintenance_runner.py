@@ -69,8 +69,10 @@ class Maintainer:
         own = f"{self.config.lake_path}/_walbridge/"
         for path in written:
             self._first_seen.setdefault(path, now)
-            lake = lake_state.read(self.spark, path) if path.startswith(own) else None
-            lake = lake or self._lake_of(path)
+            # The consumer's own tables (and the quarantine) are not MERGEd: the MERGEs keep
+            # no state of them, so their log is read (once per batch that wrote them).
+            mine = path.startswith(own) or path == self.config.quarantine_path
+            lake = lake_state.read(self.spark, path) if mine else self._lake_of(path)
             if self._metrics is not None:
                 self._metrics.observe_table(self._label(path), lake.files, lake.size)
             if self.config.lake_compaction and mp.compaction_due(
