@@ -17,7 +17,7 @@ table) and disk bytes per table over the live table.
 Run (the real soak, on a quiet machine: hours):
   .walbridge/venv/bin/python tests/bench/bench_lake_soak.py --batches 10000
 Tiny (proves the script):
-  .walbridge/venv/bin/python tests/bench/bench_lake_soak.py --batches 130 --window 30 --accounts 1000
+  .walbridge/venv/bin/python tests/bench/bench_lake_soak.py --batches 30 --baseline 10 --window 20 --accounts 1000
 """
 
 from __future__ import annotations
@@ -65,8 +65,7 @@ HISTORY = TableSpec(
     (),
 )
 TABLES = (ACCOUNTS, TELLERS, BRANCHES, HISTORY)
-BASELINE = 100  # the batch every figure is compared with
-WINDOW = 20  # batches around a point for its p50/p99
+WINDOW = 20  # batches around a point for its p50/p99 (fewer in a tiny run)
 
 
 class Soak:
@@ -195,8 +194,8 @@ def run(spark: SparkSession, args: argparse.Namespace, maintenance: bool) -> dic
         seconds.append(soak.batch(n))
         merge_s.append(soak.processor.reports[-1].steps.get("merge", 0.0))
         files.append((n, snapshot_files(soak)))
-        if n == BASELINE or n == args.batches - 1:
-            points["base" if n == BASELINE else "end"] = snapshot(soak, n)
+        if n == args.baseline or n == args.batches - 1:
+            points["base" if n == args.baseline else "end"] = snapshot(soak, n)
         if n and n % 500 == 0:
             print(f"{'on' if maintenance else 'off'}: batch {n}, {seconds[-1]:.2f}s", flush=True)
     base, end = points["base"], points["end"]
@@ -211,13 +210,14 @@ def run(spark: SparkSession, args: argparse.Namespace, maintenance: bool) -> dic
     result: dict[str, Any] = {
         "maintenance": maintenance,
         "batch_p50_ratio": ratio(
-            _percentile(window(seconds, last), 50), _percentile(window(seconds, BASELINE), 50)
+            _percentile(window(seconds, last), 50), _percentile(window(seconds, args.baseline), 50)
         ),
         "batch_p99_ratio": ratio(
-            _percentile(window(seconds, last), 99), _percentile(window(seconds, BASELINE), 99)
+            _percentile(window(seconds, last), 99), _percentile(window(seconds, args.baseline), 99)
         ),
         "merge_ratio": ratio(
-            statistics.median(window(merge_s, last)), statistics.median(window(merge_s, BASELINE))
+            statistics.median(window(merge_s, last)),
+            statistics.median(window(merge_s, args.baseline)),
         ),
         "compactions": soak.processor.maintenance.compactions,
         "vacuums": soak.processor.maintenance.vacuums,
@@ -251,6 +251,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--batches", type=int, default=10_000)
+    ap.add_argument("--baseline", type=int, default=100, help="the batch figures compare with")
     ap.add_argument("--tx-per-batch", type=int, default=1)
     ap.add_argument("--accounts", type=int, default=100_000)
     ap.add_argument("--window", type=float, default=3600.0, help="consistent-read retention, s")
@@ -259,8 +260,8 @@ def main() -> None:
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--results-dir", type=Path, default=None)
     args = ap.parse_args()
-    if args.batches <= BASELINE:
-        ap.error(f"--batches must be more than {BASELINE} (figures compare with batch {BASELINE})")
+    if not 0 < args.baseline < args.batches:
+        ap.error("--baseline must be a batch after the first and before the last")
     spark = build_session("bench-lake-soak", shuffle_partitions=2)
     spark.sparkContext.setLogLevel("WARN")
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.mode]
