@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import deltalake
 from pyspark.sql import SparkSession
 
+from spark_consumer import lake_state
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.session import build_session
@@ -243,7 +244,7 @@ def run(spark: SparkSession, args: argparse.Namespace, maintenance: bool) -> dic
 
 
 def snapshot_files(soak: Soak) -> float:
-    return float(soak.processor._merges.lake_table(soak.path(ACCOUNTS)).files)
+    return float(lake_state.read(soak.spark, soak.path(ACCOUNTS)).files)
 
 
 def main() -> None:
