@@ -58,9 +58,6 @@ def maintain(spark: SparkSession, config: MaintainConfig) -> list[str]:
         if config.purge_deletion_vectors and read_lake(spark, path).deletion_vectors:
             maintenance.purge_deletion_vectors(spark, path)
             done.append("deletion vectors purged")
-        if path == progress_path:
-            maintenance.expire_progress(spark, path, retention)
-            done.append("old rows expired")
         if config.lake_vacuum and not may_vacuum:
             done.append("not vacuumed (the latest progress row is older than the window)")
         elif config.lake_vacuum:
@@ -70,6 +67,11 @@ def maintain(spark: SparkSession, config: MaintainConfig) -> list[str]:
                 maintenance.vacuum(spark, path, retention)
                 done.append("vacuumed")
         lines.append(f"{_name(config, path)}: {', '.join(done) or 'nothing due'}")
+    # Last: a row kept now is inside the window at every VACUUM above, so its versions are all
+    # still readable when this returns (a row expired first could be kept and yet vacuumed
+    # away by a VACUUM that came later in a long pass).
+    if maintenance.expire_progress(spark, progress_path, retention) is not None:
+        lines.append("_walbridge/progress: old rows expired")
     return lines
 
 

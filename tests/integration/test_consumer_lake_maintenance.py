@@ -129,9 +129,9 @@ def test_many_batches_compaction_vacuum_and_reads_within_the_window(
         spark,
         tmp_path,
         "soak",
-        # A third of the batches' time: compaction first, VACUUM when its turn and the
-        # balance come (every quarter of the window at most, so about every batch here).
-        lake_maintenance_budget=0.3,
+        # As much time as the batches: compaction first, VACUUM when its turn and the balance
+        # come (every quarter of the window at most, so about every other batch here).
+        lake_maintenance_budget=1.0,
         lake_small_files_max=small_files_max,
         lake_consistent_read_retention=window,
     )
@@ -164,14 +164,13 @@ def test_many_batches_compaction_vacuum_and_reads_within_the_window(
         ),
     )
     assert any(line.startswith("bank/accounts: compacted") for line in lines), lines
-    assert any(line.startswith("_walbridge/progress:") and "expired" in line for line in lines)
+    assert "_walbridge/progress: old rows expired" in lines
 
     kept_rows = sorted(
         r["batch_id"] for r in spark.read.format("delta").load(b.config.progress_path).collect()
     )
     expired = sorted(set(range(b.batches)) - set(kept_rows))
     assert kept_rows and expired, (kept_rows, expired)
-    assert b.processor.maintenance.vacuums >= 1
     assert kept_rows[-1] == b.batches - 1  # the latest row is never expired
     for batch_id in kept_rows:
         b.check_read(
@@ -192,11 +191,12 @@ def test_many_batches_compaction_vacuum_and_reads_within_the_window(
             )
     # VACUUM did delete: the first batches' files, removed by an early compaction, are gone,
     # and Delta refuses their version rather than read what is left.
-    assert not data_files(b.table) >= first_files or len(first_files) > len(data_files(b.table))
+    assert first_files - data_files(b.table)
     with pytest.raises(
         Exception, match=r"(?i)not found|does not exist|FileNotFound|VersionNotFound|time travel"
     ):
         spark.read.format("delta").option("versionAsOf", versions[0]).load(b.table).collect()
+    assert b.processor.maintenance.vacuums >= 1  # the consumer's own, between batches
 
 
 def test_optimize_committed_inside_a_merge_is_retried_never_applied_twice(
