@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
@@ -227,12 +228,14 @@ def test_optimize_committed_inside_a_merge_is_retried_never_applied_twice(
         return True
 
     gate_udf = F.udf(hold, "boolean")
-    collapse = merge.collapse
+    real_merge = merge._merge
 
-    def gated(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        return collapse(*args, **kwargs).filter(gate_udf(F.lit(1)))  # type: ignore[arg-type]
+    def gated(table: Any, tc: Any, source: Any, *rest: Any) -> None:
+        # The gate sits on the source Delta's MERGE reads after starting its transaction
+        # (the collapsed source itself is cached and read before, by the append check).
+        real_merge(table, tc, source.filter(gate_udf(F.lit(1))), *rest)
 
-    monkeypatch.setattr(merge, "collapse", gated)
+    monkeypatch.setattr(merge, "_merge", gated)
     conflicts: list[str] = []
     real = delta_conflicts.is_conflict
 
