@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import deltalake
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from spark_consumer import lake_state
@@ -160,7 +161,8 @@ def snapshot(soak: Soak, n: int) -> dict[str, Any]:
         dt.to_pyarrow_table()
         rs_read = time.perf_counter() - t0
         files = dt.file_uris()
-        live = sum(a["size_bytes"] for a in dt.get_add_actions(flatten=True).to_pylist())
+        # An arro3 table (deltalake 1.x): pyarrow reads it through the Arrow C interface.
+        live = sum(pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist())
         out[spec.table] = {
             "rows": rows,
             "files": len(files),
