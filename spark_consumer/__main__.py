@@ -1,4 +1,4 @@
-"""`python -m spark_consumer run|verify` (console script `walbridge-consumer`).
+"""`python -m spark_consumer run|verify|maintain|status` (console script `walbridge-consumer`).
 
 Exit status, as the producer's: 0 after `run --available-now` or a clean stop and after an
 equal `verify`, 2 for a configuration error (nothing started), 1 when the consumer stopped on a
@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from spark_consumer.config import (
     ConsumerConfig,
+    MaintainConfig,
     SparkSettings,
     VerifyConfig,
+    parse_maintain,
     parse_run,
     parse_verify,
 )
@@ -28,19 +30,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("walbridge.consumer")
 
-USAGE = "usage: walbridge-consumer {run,verify} [options]  (--help after the command for options)"
+USAGE = (
+    "usage: walbridge-consumer {run,verify,maintain,status} [options]  "
+    "(--help after the command for options)"
+)
+COMMANDS = ("run", "verify", "maintain", "status")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("run", "verify"):
+    if not args or args[0] not in COMMANDS:
         print(USAGE, file=sys.stderr)
         return 2
     env = os.environ  # read here only; everything below gets its settings
     # Every setting is read and checked before Spark starts.
     try:
         spark_settings = SparkSettings.from_env(env)
-        config = parse_run(args[1:], env) if args[0] == "run" else parse_verify(args[1:], env)
+        config: ConsumerConfig | VerifyConfig | MaintainConfig
+        if args[0] == "run":
+            config = parse_run(args[1:], env)
+        elif args[0] == "verify":
+            config = parse_verify(args[1:], env)
+        else:
+            config = parse_maintain(args[1:], env, args[0])
     except ConfigError as exc:
         print(f"walbridge-consumer: {exc}", file=sys.stderr)  # "config: ..."
         return 2
@@ -50,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if isinstance(config, ConsumerConfig):
             return _run(config, env)
+        if isinstance(config, MaintainConfig):
+            return _maintain(config, env, status_only=args[0] == "status")
         return _verify(config, env)
     except ConsumerError as exc:
         print(f"walbridge-consumer: {exc}", file=sys.stderr)
@@ -116,6 +130,19 @@ def _verify(config: VerifyConfig, env: Mapping[str, str]) -> int:
     diffs = verify.run(config, spark)
     print(verify.report(diffs))
     return 0 if all(d.equal for d in diffs) else 1
+
+
+def _maintain(config: MaintainConfig, env: Mapping[str, str], status_only: bool) -> int:
+    from spark_consumer import maintenance_command
+    from spark_consumer.session import build_session
+
+    name = "walbridge-status" if status_only else "walbridge-maintain"
+    spark = build_session(name, env=env, lake_paths=(config.lake_path,))
+    if not status_only:
+        for line in maintenance_command.maintain(spark, config):
+            print(line)
+    print(maintenance_command.report(*maintenance_command.status(spark, config)))
+    return 0
 
 
 if __name__ == "__main__":

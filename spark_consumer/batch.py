@@ -50,6 +50,7 @@ from spark_consumer.config import ConsumerConfig
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.delta_version import table_version
 from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
+from spark_consumer.maintenance_runner import Maintainer
 from spark_consumer.merge_runner import MergeRunner
 from spark_consumer.metrics import ConsumerMetrics
 from spark_consumer.reassembly import Plan, check_age, stale
@@ -97,6 +98,14 @@ class BatchProcessor:
         self._decoder = BatchDecoder(
             spark, config, schemas, conversions, self._columns, self._merges.lake_table
         )
+        # Compaction and VACUUM between batches (issue 40), within the maintenance budget.
+        self.maintenance = Maintainer(
+            spark,
+            config,
+            self._merges.lake_table,
+            self._merges.forget_table,
+            metrics.lake if metrics is not None else None,
+        )
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -106,6 +115,7 @@ class BatchProcessor:
         self.reports.append(report)
         if self.metrics is not None:
             self.metrics.observe_batch(report, self.clock_ms())
+        self.maintenance.run(report.seconds)  # after the progress row: the batch is visible
 
     def close(self) -> None:
         """Let the Delta checkpoint in progress finish (the others wait for the next run)."""
@@ -329,10 +339,20 @@ class BatchProcessor:
             cfg.table_path(tables[w.topic].info.schema, tables[w.topic].info.table)
             for w in plan.tables
         ]
+        # The layouts' history and changelog tables (those that exist) need the same Delta
+        # checkpoints and compaction as the tables they follow.
+        written += [
+            path
+            for w in plan.tables
+            for name, path in self._merges.layout(tables[w.topic], w.collection)
+            .extra_tables.items()
+            if name in versions
+        ]
         written += [cfg.progress_path] + ([cfg.pending_path] if pending_version is not None else [])
         if quarantined and cfg.quarantine_path:
             written.append(cfg.quarantine_path)
         self.checkpoints.request(written)
+        self.maintenance.request(written, pending_version)
         return after, BatchReport(
             batch_id=batch_id,
             commit_lsn=plan.watermark_after,

@@ -18,6 +18,7 @@ from schemas.client_config import java_kafka_options, parse_pairs, registry_clie
 from schemas.safe_names import lake_table_path
 from schemas.settings_loader import SettingsError, read_settings, setting
 from schemas.table_list import TableListError, parse_table_list
+from spark_consumer import maintenance_policy as mp
 from spark_consumer.errors import ConfigError
 from spark_consumer.lake_options import LakeOptions
 from spark_consumer.lake_options import load as load_lake_options
@@ -52,9 +53,11 @@ DEFAULT_MAX_PENDING_RECORDS = 20_000_000
 DEFAULT_MERGE_THREADS = 4
 # Below this size a table's MERGE rewrites the files it touches rather than writing deletion
 # vectors: one batch updating and deleting a few rows in each of 100 small tables took 0.90 s
-# per table with deletion vectors and 0.70 s by rewriting (bench_consumer_tables.py). The files
-# a rewrite replaces hold less than this, so the bytes stay small where deletion vectors pay.
-DEFAULT_LAKE_REWRITE_BELOW_BYTES = 8 * 2**20
+# per table with deletion vectors and 0.70 s by rewriting (bench_consumer_tables.py). But a
+# rewrite writes the whole file for a few changed rows: at 8 MiB, a 7.6 MB table was rewritten
+# by every batch, 584 MB of files after 78 batches (issue 40). 0 (deletion vectors always, and
+# compaction folds them) keeps a batch's bytes tied to the rows it changed.
+DEFAULT_LAKE_REWRITE_BELOW_BYTES = 0
 DEFAULT_METRICS_PORT = 9465
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -153,7 +156,31 @@ class ConsumerConfig:
         parse=load_lake_options,
     )
 
+    # Lake maintenance (issue 40; maintenance.py), declared alike for `maintain`.
+    lake_maintenance_budget: float = setting(
+        mp.DEFAULT_BUDGET,
+        help="share of the consumer's time (0-1) that compaction and VACUUM between batches "
+        "may take on average (0: none in the consumer; run `walbridge-consumer maintain`)",
+    )
+    lake_compaction: bool = setting(True, help="compact small files (Delta OPTIMIZE)")
+    lake_vacuum: bool = setting(True, help="VACUUM files older than the consistent-read retention")
+    lake_target_file_bytes: int = setting(
+        mp.DEFAULT_TARGET_FILE_BYTES,
+        help="file size compaction packs to (small tables: an eighth of the table, >= 1 MiB)",
+    )
+    lake_small_files_max: int = setting(
+        mp.DEFAULT_SMALL_FILES_MAX,
+        help="a table is compacted once it has this many files more than its size needs",
+    )
+    lake_consistent_read_retention: float = setting(
+        mp.DEFAULT_RETENTION_S,
+        help="every table version a progress row this recent names stays readable "
+        "('7 days', '12 hours', seconds)",
+        parse=mp.parse_duration,
+    )
+
     def __post_init__(self) -> None:
+        _check_maintenance(self)
         # Normal forms, so every reader of the config sees the same values however it was built.
         lake = self.lake_path.rstrip("/")
         object.__setattr__(self, "lake_path", lake)
@@ -220,6 +247,57 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
+class MaintainConfig:
+    """`walbridge-consumer maintain` (compaction and VACUUM of every lake table, once) and
+    `walbridge-consumer status` (the lake's files and retention, printed)."""
+
+    lake_path: str = setting(help="root of the Delta lake (a path or s3a:// URL)")
+    quarantine_path: str | None = setting(None, help="the consumer's quarantine table, if any")
+    lake_compaction: bool = setting(True, help="compact small files (Delta OPTIMIZE)")
+    lake_vacuum: bool = setting(True, help="VACUUM files older than the consistent-read retention")
+    lake_target_file_bytes: int = setting(
+        mp.DEFAULT_TARGET_FILE_BYTES,
+        help="file size compaction packs to (small tables: an eighth of the table, >= 1 MiB)",
+    )
+    lake_small_files_max: int = setting(
+        mp.DEFAULT_SMALL_FILES_MAX,
+        help="a table is compacted once it has this many files more than its size needs "
+        "(maintain: 0 compacts every table with small files)",
+    )
+    lake_consistent_read_retention: float = setting(
+        mp.DEFAULT_RETENTION_S,
+        help="every table version a progress row this recent names stays readable "
+        "('7 days', '12 hours', seconds)",
+        parse=mp.parse_duration,
+    )
+    purge_deletion_vectors: bool = setting(
+        False,
+        help="also rewrite every file that has a deletion vector (REORG TABLE ... APPLY "
+        "(PURGE)): costly, for readers that must see files without them",
+    )
+
+    def __post_init__(self) -> None:
+        _check_maintenance(self)
+        object.__setattr__(self, "lake_path", self.lake_path.rstrip("/"))
+
+
+def _check_maintenance(cfg: ConsumerConfig | MaintainConfig) -> None:
+    budget = getattr(cfg, "lake_maintenance_budget", 0.0)
+    if not (math.isfinite(budget) and 0 <= budget <= 1):
+        raise ConfigError(f"--lake-maintenance-budget must be between 0 and 1, got {budget}")
+    if cfg.lake_target_file_bytes < mp.MIN_TARGET_BYTES:
+        raise ConfigError(
+            f"--lake-target-file-bytes must be at least {mp.MIN_TARGET_BYTES}, "
+            f"got {cfg.lake_target_file_bytes}"
+        )
+    if cfg.lake_small_files_max < 0:
+        raise ConfigError("--lake-small-files-max must be 0 or more")
+    retention = cfg.lake_consistent_read_retention
+    if not (math.isfinite(retention) and retention > 0):
+        raise ConfigError(f"--lake-consistent-read-retention must be positive, got {retention}")
+
+
+@dataclass(frozen=True)
 class SparkSettings:
     """The Spark session's settings and the log level, for `run` and `verify` (variables only:
     they are deployment facts, set once per pod, not per command)."""
@@ -282,6 +360,12 @@ def parse_run(argv: Sequence[str], env: Mapping[str, str]) -> ConsumerConfig:
 
 def parse_verify(argv: Sequence[str], env: Mapping[str, str]) -> VerifyConfig:
     return VerifyConfig(**_read(VerifyConfig, argv, env, "walbridge-consumer verify"))
+
+
+def parse_maintain(
+    argv: Sequence[str], env: Mapping[str, str], command: str = "maintain"
+) -> MaintainConfig:
+    return MaintainConfig(**_read(MaintainConfig, argv, env, f"walbridge-consumer {command}"))
 
 
 def _inside(path: str, parent: str) -> bool:

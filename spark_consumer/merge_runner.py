@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from spark_consumer import (
     codegen_stable,
+    delta_conflicts,
     lake_layouts,
     lake_state,
     merge,
@@ -93,6 +94,10 @@ class MergeRunner:
         its state was kept); the next batch reads each table's log again."""
         self._lake.clear()
 
+    def forget_table(self, path: str) -> None:
+        """Drop what is known of one table: another writer (compaction) committed to it."""
+        self._lake.pop(path, None)
+
     def _merge_groups(
         self, works: tuple[TableWork, ...], tables: dict[str, DecodedTable]
     ) -> list[tuple[tuple[TableWork, ...], bool]]:
@@ -135,19 +140,31 @@ class MergeRunner:
         recorded: Mapping[str, int],
         snapshotting: bool,
     ) -> dict[str, int]:
+        """`_apply_once`, again from a fresh read of the table after a commit conflict (a
+        concurrent OPTIMIZE, say): the state kept here is then stale (delta_conflicts.py says
+        why doing it again is safe; the layout's own tables are guarded alike)."""
+        path = self.config.table_path(table.info.schema, table.info.table)
+        return delta_conflicts.retry_on_conflict(
+            lambda: self._apply_once(table, work, plan, recorded, snapshotting),
+            f"table {work.collection}",
+            on_conflict=lambda: self.forget_table(path),
+        )
+
+    def _apply_once(
+        self,
+        table: DecodedTable,
+        work: TableWork,
+        plan: Plan,
+        recorded: Mapping[str, int],
+        snapshotting: bool,
+    ) -> dict[str, int]:
         """MERGE one table's share of the applied transactions, and write the other tables of
         its layout (lake_layouts.py); their Delta versions by `table_versions` name, or none
         when there was nothing to do (truncates of a table the lake never had).
         `recorded`: the last progress row's versions."""
         info = table.info
         path = self.config.table_path(info.schema, info.table)
-        layout = lake_layouts.Layout(
-            self.config.lake_tables_config.of_collection(work.collection),
-            work.collection,
-            self.config.lake_path,
-            info.schema,
-            info.table,
-        )
+        layout = self.layout(table, work.collection)
         key = table.key
         if key is None:
             if work.only_truncates:
@@ -198,6 +215,16 @@ class MergeRunner:
             return {work.collection: applied.version}
         extras = layout.write_extras(self.spark, tc, with_images, recorded)
         return {work.collection: applied.version, **extras}
+
+    def layout(self, table: DecodedTable, collection: str) -> lake_layouts.Layout:
+        """The table's options and its layout's tables (lake_layouts.py)."""
+        return lake_layouts.Layout(
+            self.config.lake_tables_config.of_collection(collection),
+            collection,
+            self.config.lake_path,
+            table.info.schema,
+            table.info.table,
+        )
 
     def lake_table(self, path: str) -> lake_state.LakeTable:
         """The table as this job last left it, or else as one read of its log found it."""

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from spark_consumer.lake_metrics import LakeMetrics
+
 if TYPE_CHECKING:
     from spark_consumer.batch_report import BatchReport
 
@@ -127,6 +129,7 @@ class ConsumerMetrics:
             "undecodable records written to the quarantine table",
             registry=r,
         )
+        self.lake = LakeMetrics(r)  # maintenance.py's
         self._tx_rate: float | None = None
         self._records_rate: float | None = None
         self._last_commit_ts_ms: int | None = None

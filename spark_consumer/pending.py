@@ -18,6 +18,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark_consumer.delta_conflicts import retry_on_conflict
 from spark_consumer.delta_version import table_version
 
 RAW_SCHEMA = StructType(
@@ -44,5 +45,10 @@ def save(spark: SparkSession, path: str, rows: DataFrame, *, append: bool = Fals
     """Overwrite with the records still waiting, or with `append` add records to the state
     of the version read (which must be the latest); returns the new table version."""
     mode = "append" if append else "overwrite"
-    rows.select(*RAW_SCHEMA.fieldNames()).write.format("delta").mode(mode).save(path)
+    # An overwrite reads the table: a concurrent OPTIMIZE of it makes it conflict, and the
+    # same overwrite again is the same state.
+    retry_on_conflict(
+        lambda: rows.select(*RAW_SCHEMA.fieldNames()).write.format("delta").mode(mode).save(path),
+        f"pending table {path}",
+    )
     return table_version(spark, path)

@@ -64,6 +64,12 @@ COMMANDS: tuple[Command, ...] = (
         "Compares PostgreSQL's tables with the lake's ([verify](lake.md#verify)).",
     ),
     Command(
+        "walbridge-consumer maintain (and status)",
+        "spark_consumer.config:MaintainConfig",
+        "Compaction and VACUUM of every lake table, once; `status` prints the lake's files "
+        "and retention ([Lake maintenance](lake-maintenance.md)).",
+    ),
+    Command(
         "Spark session (walbridge-consumer run and verify)",
         "spark_consumer.config:SparkSettings",
         "Variables only: deployment facts, set once per pod, not per command.",

@@ -318,8 +318,11 @@ def _log_actions(table: str) -> list[dict[str, Any]]:
 
 def test_small_tables_merge_by_rewriting_files(harness: Harness) -> None:
     """Below `lake_rewrite_below_bytes` a table with deletion vectors is MERGEd by rewriting the
-    file it touches; at 0 the same MERGE writes a deletion vector. Both lakes end equal."""
+    file it touches; at 0 (the default) the same MERGE writes a deletion vector. Both lakes end
+    equal."""
     acc, w = accounts(), harness.writer
+    harness.config = replace(harness.config, lake_rewrite_below_bytes=8 * 2**20)
+    harness.processor = BatchProcessor(harness.spark, harness.config, harness.processor.schemas)
     # Enough rows that every file keeps some after the delete: a file losing all its rows is
     # removed, not given a deletion vector.
     rows = [{"id": i, "balance": Decimal(f"{i}.00"), "doc": f"d{i}"} for i in range(1, 61)]

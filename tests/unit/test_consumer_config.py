@@ -116,9 +116,10 @@ def test_batches_are_capped_by_default_and_the_cap_can_be_lifted() -> None:
         parse_run([], {**ENV, "WALBRIDGE_LAKE_DELETION_VECTORS": "maybe"})
     with pytest.raises(ConfigError, match="metrics-port"):
         parse_run(["--metrics-port", "70000"], ENV)
-    assert default.lake_rewrite_below_bytes == 8 * 2**20
-    small = {**ENV, "WALBRIDGE_LAKE_REWRITE_BELOW_BYTES": "0"}
-    assert parse_run([], small).lake_rewrite_below_bytes == 0
+    # Deletion vectors always by default (issue 40: a rewrite writes whole files per batch).
+    assert default.lake_rewrite_below_bytes == 0
+    small = {**ENV, "WALBRIDGE_LAKE_REWRITE_BELOW_BYTES": str(8 * 2**20)}
+    assert parse_run([], small).lake_rewrite_below_bytes == 8 * 2**20
     with pytest.raises(ConfigError, match="lake-rewrite-below-bytes"):
         parse_run(["--lake-rewrite-below-bytes", "-1"], ENV)
 

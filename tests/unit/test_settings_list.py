@@ -12,7 +12,7 @@ from producer.config import ProducerConfig
 from producer.snapshot.signal import SnapshotRequest
 from schemas import settings
 from schemas.settings_loader import declared
-from spark_consumer.config import ConsumerConfig, SparkSettings, VerifyConfig
+from spark_consumer.config import ConsumerConfig, MaintainConfig, SparkSettings, VerifyConfig
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,9 @@ def test_the_producer_declares_exactly_its_listed_variables() -> None:
 
 
 def test_the_consumer_declares_exactly_its_listed_variables() -> None:
-    assert _variables(ConsumerConfig, VerifyConfig, SparkSettings) == settings.CONSUMER
+    assert (
+        _variables(ConsumerConfig, VerifyConfig, MaintainConfig, SparkSettings) == settings.CONSUMER
+    )
 
 
 def test_every_variable_the_code_and_scripts_name_is_listed() -> None:
