@@ -329,6 +329,16 @@ class BatchProcessor:
             cfg.table_path(tables[w.topic].info.schema, tables[w.topic].info.table)
             for w in plan.tables
         ]
+        # The layouts' history and changelog tables (those that exist) need the same Delta
+        # checkpoints as the tables they follow: the session's table defaults leave them to us.
+        written += [
+            path
+            for w in plan.tables
+            for name, path in self._merges.layout(
+                tables[w.topic], w.collection
+            ).extra_tables.items()
+            if name in versions
+        ]
         written += [cfg.progress_path] + ([cfg.pending_path] if pending_version is not None else [])
         if quarantined and cfg.quarantine_path:
             written.append(cfg.quarantine_path)

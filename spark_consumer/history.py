@@ -21,10 +21,20 @@ values, keep each transaction's last state, mark the states that open a version 
 rest with the version they update; one MERGE on (key, `__valid_from_lsn`) writes the versions.
 A replay reads the same versions valid at the batch's start (the batch only closes them later
 and adds versions after it), so it computes and writes the same rows again: nothing changes.
+
+Most batches need none of those versions' values: without untracked columns, TOAST columns,
+truncates or snapshot reads, every change opens a version, and the versions valid at the start
+only need closing at each key's first commit in the batch. Then the timeline is the batch's own
+events, and the MERGE closes the open versions itself (one "closer" source row per key, matched
+to the key's open version opened before that commit). That saves reading the open versions,
+which for changes spread over the whole key range is most of the history's live part. A replay
+finds the versions it closed no longer open and the ones it wrote by their `__valid_from_lsn`,
+so it writes the same rows again, as the full form does.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import reduce
 
 from delta.tables import DeltaTable
@@ -58,6 +68,9 @@ HISTORY_META = (FROM_LSN, TO_LSN, FROM_TS, TO_TS, CURRENT, HIST_OP)
 
 # Timeline working columns: not Avro names, so no source column can have them.
 _LSN, _ORD, _OP, _TS, _PRIOR, _TOAST = "#lsn", "#ord", "#op", "#ts", "#prior", "#toast"
+log = logging.getLogger("walbridge.consumer")
+
+_KIND = "#kind"  # a MERGE source row: a version ("v"), or a closer of a key's open one ("c")
 
 
 def _meta_fields() -> list[StructField]:
@@ -267,6 +280,19 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
             .select(COMMIT_LSN, TOTAL_ORDER, TS_MS)
             .collect()
         ]
+    short = not points and _from_own_events(tc, opts, toast_cols)
+    log.debug("history of %s: %s form", tc.name, "short" if short else "full")
+    if short:
+        states = _last_in_tx(events, tc.key)
+        versions = _versions(states, tc, opts).withColumn(_KIND, F.lit("v"))
+        source = versions.unionByName(_closers(states, tc.key), allowMissingColumns=True)
+        # The MERGE reads its source twice (session.py: no materialized source).
+        source = source.persist(CACHE)
+        try:
+            _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
+        finally:
+            source.unpersist()
+        return lake_state.read(spark, path).version
     prior_all = _prior(spark, path, tc, lo, types, whole=bool(points))
     batch_keys = events.select(*tc.key).distinct()
     if points:  # a truncate closes every open version, touched by the batch or not
@@ -295,14 +321,7 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
                 + "; ".join(f"{r.asDict()}" for r in lost)
             )
         timeline = timeline.drop("#missing")
-    # The state of each key at each commit: its transaction's last change.
-    last_in_tx = Window.partitionBy(*tc.key, _LSN).orderBy(F.desc(_ORD))
-    states = (
-        timeline.withColumn("#rank", F.row_number().over(last_in_tx))
-        .filter(F.col("#rank") == 1)
-        .drop("#rank")
-    )
-    versions = _versions(states, tc, opts).persist(CACHE)
+    versions = _versions(_last_in_tx(timeline, tc.key), tc, opts).persist(CACHE)
     try:
         _merge(spark, path, versions, tc, schema, lo, whole=bool(points))
     finally:
@@ -310,6 +329,42 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
         if toast_cols:
             timeline.unpersist()
     return lake_state.read(spark, path).version
+
+
+def _from_own_events(tc: TableChanges, opts: TableOptions, toast_cols: list[str]) -> bool:
+    """Whether every change of the batch opens a version and no version needs an earlier
+    one's values: no untracked columns, no TOAST column, no snapshot read (whether a read row
+    changed needs the open version). A truncate is the caller's to rule out."""
+    if opts.tracks_subset or toast_cols or tc.snapshotting:
+        return False
+    # Snapshot reads come with a snapshot in progress; a look at the (cached) changes makes
+    # sure, as a wrong guess would open a version for an unchanged row.
+    return not tc.changes.filter(F.col(OP) == "r").limit(1).collect()
+
+
+def _last_in_tx(timeline: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    """The state of each key at each commit: its transaction's last change."""
+    last = Window.partitionBy(*key, _LSN).orderBy(F.desc(_ORD))
+    return (
+        timeline.withColumn("#rank", F.row_number().over(last))
+        .filter(F.col("#rank") == 1)
+        .drop("#rank")
+    )
+
+
+def _closers(states: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    """For each key, its first commit in the batch: where the version open before it closes."""
+    first = F.min_by(F.struct(F.col(_LSN).alias("lsn"), F.col(_TS).alias("ts")), F.col(_LSN))
+    return (
+        states.groupBy(*key)
+        .agg(first.alias("#first"))
+        .select(
+            *key,
+            F.col("#first.lsn").alias(FROM_LSN),
+            F.col("#first.ts").alias(FROM_TS),
+            F.lit("c").alias(_KIND),
+        )
+    )
 
 
 def _merge(
@@ -320,12 +375,23 @@ def _merge(
     schema: StructType,
     lo: int,
     whole: bool,
+    closers: bool = False,
 ) -> None:
+    """MERGE the versions on (key, `__valid_from_lsn`). With `closers`, the source also holds
+    the closers of `_closers`, each matched to its key's version still open and opened before
+    the closer's commit (none on a replay, which closed it already): that version is closed
+    there. A target version matches at most one source row: a closer's is opened before the
+    batch's first commit of the key, a version's at or after it."""
     target_cols = [f.name for f in schema.fields if f.name not in HISTORY_META]
     check_names(tc.name, target_cols)
-    on = F.expr(
-        " AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key) + f" AND t.{FROM_LSN} = s.{FROM_LSN}"
-    )
+    keys = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    same_version = F.col(f"t.{FROM_LSN}") == F.col(f"s.{FROM_LSN}")
+    is_closer = F.col(f"s.`{_KIND}`") == "c"
+    if closers:
+        closes = F.col(f"t.{TO_LSN}").isNull() & (F.col(f"t.{FROM_LSN}") < F.col(f"s.{FROM_LSN}"))
+        on = keys & F.when(is_closer, closes).otherwise(same_version)
+    else:
+        on = keys & same_version
     # Target-only predicates, so Delta prunes the files no matched version can be in: those
     # of closed versions, and (without a truncate) of keys outside the batch's range.
     on = on & _still_open(lo, "t.")
@@ -343,11 +409,18 @@ def _merge(
         **meta,
     }
     sets = {k: v for k, v in values.items() if k.strip("`") not in tc.key}
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(versions.alias("s"), on)
-        .whenMatchedUpdate(set={**sets, **meta})
-        .whenNotMatchedInsert(values=inserts)
-        .execute()
-    )
+    merge = DeltaTable.forPath(spark, path).alias("t").merge(versions.alias("s"), on)
+    if closers:
+        close: dict[str, str | Column] = {
+            TO_LSN: F.col(f"s.{FROM_LSN}"),
+            TO_TS: F.col(f"s.{FROM_TS}"),
+            CURRENT: F.lit(False),
+        }
+        merge = (
+            merge.whenMatchedUpdate(condition=is_closer, set=close)
+            .whenMatchedUpdate(set={**sets, **meta})
+            .whenNotMatchedInsert(condition=~is_closer, values=inserts)
+        )
+    else:
+        merge = merge.whenMatchedUpdate(set={**sets, **meta}).whenNotMatchedInsert(values=inserts)
+    merge.execute()

@@ -43,6 +43,22 @@ class Layout:
     def plain(self) -> bool:
         return self.opts.plain
 
+    @property
+    def extra_tables(self) -> dict[str, str]:
+        """The layout's tables besides the current-state one (history, changelog), by their
+        `table_versions` name: their paths. A batch that writes the table writes them too, so
+        they need the same Delta checkpoints and compaction (batch.py passes them on)."""
+        out = {}
+        if self.opts.history:
+            out[lake_options.history_name(self.collection)] = lake_options.history_path(
+                self.lake_path, self.schema, self.table
+            )
+        if self.opts.changelog:
+            out[lake_options.changelog_name(self.collection)] = lake_options.changelog_path(
+                self.lake_path, self.schema, self.table
+            )
+        return out
+
     def narrow(
         self,
         changes: DataFrame,
@@ -90,18 +106,24 @@ class Layout:
         out: dict[str, int] = {}
         if tc.commit_lsns is None:
             raise ApplyError(f"table {self.collection}: no commit range for the layout tables")
+        tables = self.extra_tables
         if self.opts.history:
             name = lake_options.history_name(self.collection)
-            path = lake_options.history_path(self.lake_path, self.schema, self.table)
-            out[name] = history.write(spark, path, tc, self.opts)
+            out[name] = history.write(spark, tables[name], tc, self.opts)
         if self.opts.changelog:
             name = lake_options.changelog_name(self.collection)
-            path = lake_options.changelog_path(self.lake_path, self.schema, self.table)
+            path = tables[name]
             events = with_images.filter(with_images[OP].isin("c", "r", "u", "d", "t"))
             if TOAST not in events.columns:
                 raise ApplyError(f"table {self.collection}: changes lack {TOAST}")
             out[name] = changelog.write(
-                spark, path, events, self.opts, tc.commit_lsns, recorded.get(name)
+                spark,
+                path,
+                events,
+                self.opts,
+                tc.commit_lsns,
+                recorded.get(name),
+                deduplicate=tc.duplicates,
             )
         return out
 

@@ -141,13 +141,7 @@ class MergeRunner:
         `recorded`: the last progress row's versions."""
         info = table.info
         path = self.config.table_path(info.schema, info.table)
-        layout = lake_layouts.Layout(
-            self.config.lake_tables_config.of_collection(work.collection),
-            work.collection,
-            self.config.lake_path,
-            info.schema,
-            info.table,
-        )
+        layout = self.layout(table, work.collection)
         key = table.key
         if key is None:
             if work.only_truncates:
@@ -182,6 +176,7 @@ class MergeRunner:
             key_min=work.key_min,
             key_max=work.key_max,
             only_distinct_inserts=work.only_distinct_inserts,
+            duplicates=work.duplicates,
             unique_key=table.unique_key,
             recorded_version=recorded.get(work.collection),
             snapshotting=snapshotting,
@@ -198,6 +193,16 @@ class MergeRunner:
             return {work.collection: applied.version}
         extras = layout.write_extras(self.spark, tc, with_images, recorded)
         return {work.collection: applied.version, **extras}
+
+    def layout(self, table: DecodedTable, collection: str) -> lake_layouts.Layout:
+        """The table's options and its layout's tables (lake_layouts.py)."""
+        return lake_layouts.Layout(
+            self.config.lake_tables_config.of_collection(collection),
+            collection,
+            self.config.lake_path,
+            table.info.schema,
+            table.info.table,
+        )
 
     def lake_table(self, path: str) -> lake_state.LakeTable:
         """The table as this job last left it, or else as one read of its log found it."""
