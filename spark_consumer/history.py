@@ -51,7 +51,7 @@ from pyspark.sql.types import (
 )
 from pyspark.sql.window import Window
 
-from spark_consumer import lake_state, merge_sql
+from spark_consumer import file_stats, lake_state, merge_sql
 from spark_consumer.cache_level import CACHE
 from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
@@ -90,13 +90,23 @@ def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> StructType:
     lake = lake_state.read(spark, path)
     if not lake.exists:
         schema = StructType([StructField(c, types[c], True) for c in tc.columns] + _meta_fields())
-        (
+        builder = (
             DeltaTable.createIfNotExists(spark)
             .location(path)
             .addColumns(schema)
+            # Open and closed versions never share a file: a batch's MERGE (and the full
+            # form's read) finds the open ones in a partition as large as the source table,
+            # and skips the closed ones' files by their `__valid_to_lsn` statistics. Unsplit,
+            # every file soon held some open version, and every batch joined against the
+            # whole history, a cost growing with it.
+            .partitionedBy(CURRENT)
             .property("walbridge.key", ",".join(tc.key))
-            .execute()
         )
+        # A wide table keeps statistics for the columns the batches prune files by.
+        stats = file_stats.stats_columns(schema, tc.key[0], FROM_LSN, TO_LSN)
+        if stats is not None:
+            builder = builder.property(file_stats.STATS_COLUMNS_PROPERTY, stats)
+        builder.execute()
         return schema
     new = [c for c in tc.columns if c not in lake.columns]
     if not new:
