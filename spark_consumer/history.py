@@ -290,19 +290,18 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
             .select(COMMIT_LSN, TOTAL_ORDER, TS_MS)
             .collect()
         ]
-    short = not points and _from_own_events(tc, opts, toast_cols)
-    log.debug("history of %s: %s form", tc.name, "short" if short else "full")
-    if short:
-        states = _last_in_tx(events, tc.key)
-        versions = _versions(states, tc, opts).withColumn(_KIND, F.lit("v"))
-        source = versions.unionByName(_closers(states, tc.key), allowMissingColumns=True)
-        # The MERGE reads its source twice (session.py: no materialized source).
-        source = source.persist(CACHE)
+    if not points and _short_form_fits(tc, opts, toast_cols):
+        # The MERGE reads its source twice (session.py: no materialized source): cached, and
+        # computed whole by the look for snapshot reads, which would need the full form.
+        source = _short_form_source(events, tc).persist(CACHE)
         try:
-            _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
+            if not source.filter(F.col(HIST_OP) == "r").limit(1).collect():
+                log.debug("history of %s: short form", tc.name)
+                _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
+                return lake_state.read(spark, path).version
         finally:
             source.unpersist()
-        return lake_state.read(spark, path).version
+    log.debug("history of %s: full form", tc.name)
     prior_all = _prior(spark, path, tc, lo, types, whole=bool(points))
     batch_keys = events.select(*tc.key).distinct()
     if points:  # a truncate closes every open version, touched by the batch or not
@@ -341,15 +340,12 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
     return lake_state.read(spark, path).version
 
 
-def _from_own_events(tc: TableChanges, opts: TableOptions, toast_cols: list[str]) -> bool:
-    """Whether every change of the batch opens a version and no version needs an earlier
-    one's values: no untracked columns, no TOAST column, no snapshot read (whether a read row
-    changed needs the open version). A truncate is the caller's to rule out."""
-    if opts.tracks_subset or toast_cols or tc.snapshotting:
-        return False
-    # Snapshot reads come with a snapshot in progress; a look at the (cached) changes makes
-    # sure, as a wrong guess would open a version for an unchanged row.
-    return not tc.changes.filter(F.col(OP) == "r").limit(1).collect()
+def _short_form_fits(tc: TableChanges, opts: TableOptions, toast_cols: list[str]) -> bool:
+    """Whether every change of the batch may open a version with no earlier version's values:
+    no untracked columns, no TOAST column, no snapshot in progress (whether a snapshot read
+    changed its row needs the open version; the caller also looks for reads in the changes).
+    A truncate is the caller's to rule out."""
+    return not (opts.tracks_subset or toast_cols or tc.snapshotting)
 
 
 def _last_in_tx(timeline: DataFrame, key: tuple[str, ...]) -> DataFrame:
@@ -362,19 +358,45 @@ def _last_in_tx(timeline: DataFrame, key: tuple[str, ...]) -> DataFrame:
     )
 
 
-def _closers(states: DataFrame, key: tuple[str, ...]) -> DataFrame:
-    """For each key, its first commit in the batch: where the version open before it closes."""
-    first = F.min_by(F.struct(F.col(_LSN).alias("lsn"), F.col(_TS).alias("ts")), F.col(_LSN))
-    return (
-        states.groupBy(*key)
-        .agg(first.alias("#first"))
-        .select(
-            *key,
-            F.col("#first.lsn").alias(FROM_LSN),
-            F.col("#first.ts").alias(FROM_TS),
-            F.lit("c").alias(_KIND),
-        )
+def _short_form_source(events: DataFrame, tc: TableChanges) -> DataFrame:
+    """The short form's MERGE source: every transaction's last change of a key opens a version
+    (a delete opens none) that the key's next one closes, and each key's first such change
+    closes the version open before the batch (a closer). One window over the key's changes in
+    commit order gives all of it: the full form's grouping would make each group one state."""
+    key = tc.key
+    values = [c for c in tc.columns if c not in key]
+    in_order = Window.partitionBy(*key).orderBy(_LSN, _ORD)
+    last_in_tx = F.lead(_LSN).over(in_order)
+    states = events.withColumn("#later", last_in_tx).filter(
+        F.col("#later").isNull() | (F.col("#later") != F.col(_LSN))
     )
+    by_commit = Window.partitionBy(*key).orderBy(_LSN)
+    states = states.withColumns(
+        {
+            "#next": F.lead(F.struct(F.col(_LSN).alias("lsn"), F.col(_TS).alias("ts"))).over(
+                by_commit
+            ),
+            "#first": F.lag(_LSN).over(by_commit).isNull(),
+        }
+    )
+    versions = states.filter(F.col(_OP) != "d").select(
+        *key,
+        *values,
+        F.col(_LSN).alias(FROM_LSN),
+        F.col("#next.lsn").alias(TO_LSN),
+        F.col(_TS).alias(FROM_TS),
+        F.col("#next.ts").alias(TO_TS),
+        F.col("#next").isNull().alias(CURRENT),
+        F.col(_OP).alias(HIST_OP),
+        F.lit("v").alias(_KIND),
+    )
+    closers = states.filter(F.col("#first")).select(
+        *key,
+        F.col(_LSN).alias(FROM_LSN),
+        F.col(_TS).alias(FROM_TS),
+        F.lit("c").alias(_KIND),
+    )
+    return versions.unionByName(closers, allowMissingColumns=True)
 
 
 def _merge(
@@ -388,7 +410,7 @@ def _merge(
     closers: bool = False,
 ) -> None:
     """MERGE the versions on (key, `__valid_from_lsn`). With `closers`, the source also holds
-    the closers of `_closers`, each matched to its key's version still open and opened before
+    the closers of `_short_form_source`, each matched to its key's version still open and opened before
     the closer's commit (none on a replay, which closed it already): that version is closed
     there. A target version matches at most one source row: a closer's is opened before the
     batch's first commit of the key, a version's at or after it."""
