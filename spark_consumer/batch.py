@@ -340,12 +340,14 @@ class BatchProcessor:
             for w in plan.tables
         ]
         # The layouts' history and changelog tables (those that exist) need the same Delta
-        # checkpoints and compaction as the tables they follow.
+        # checkpoints (the session's table defaults leave them to us) and compaction as the
+        # tables they follow.
         written += [
             path
             for w in plan.tables
-            for name, path in self._merges.layout(tables[w.topic], w.collection)
-            .extra_tables.items()
+            for name, path in self._merges.layout(
+                tables[w.topic], w.collection
+            ).extra_tables.items()
             if name in versions
         ]
         written += [cfg.progress_path] + ([cfg.pending_path] if pending_version is not None else [])

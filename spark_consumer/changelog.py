@@ -36,9 +36,11 @@ def _image(frame: DataFrame, side: str, opts: TableOptions) -> Column:
     ).alias(side.lstrip("_"))
 
 
-def rows(changes: DataFrame, opts: TableOptions) -> DataFrame:
-    """The changelog rows of a table's applied events (`changes`, decoded with images)."""
-    return changes.select(
+def rows(changes: DataFrame, opts: TableOptions, deduplicate: bool = True) -> DataFrame:
+    """The changelog rows of a table's applied events (`changes`, decoded with images); with
+    `deduplicate`, one per dedup key (the batch's plan says when no event came twice: then the
+    shuffle of every event with both its images is saved)."""
+    out = changes.select(
         F.col(OP).alias("op"),
         _image(changes, BEFORE, opts),
         _image(changes, AFTER, opts),
@@ -47,7 +49,8 @@ def rows(changes: DataFrame, opts: TableOptions) -> DataFrame:
         F.col(TOTAL_ORDER).alias("total_order"),
         F.col(TS_MS).alias("ts_ms"),
         F.col(TOAST).alias("unchanged_toast"),
-    ).dropDuplicates(list(DEDUP_KEY))
+    )
+    return out.dropDuplicates(list(DEDUP_KEY)) if deduplicate else out
 
 
 def write(
@@ -57,13 +60,14 @@ def write(
     opts: TableOptions,
     commit_lsns: tuple[int, int],
     recorded_version: int | None,
+    deduplicate: bool = True,
 ) -> int:
     """Append the events the table does not hold yet; the table's Delta version afterwards.
 
     `recorded_version`: the table's version in the last progress row. When the table is still
     there, it holds no event of this batch (every commit to it is this job's, and a batch's
     commits come before its progress row), so the anti join is skipped."""
-    new = rows(changes, opts)
+    new = rows(changes, opts, deduplicate)
     lake = lake_state.read(spark, path)
     if lake.exists and lake.version != recorded_version:
         lo, hi = commit_lsns

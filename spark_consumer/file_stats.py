@@ -28,18 +28,23 @@ def leaves(data_type: DataType) -> int:
     return 1
 
 
-def stats_columns(schema: StructType, prune: str) -> str | None:
+def stats_columns(schema: StructType, prune: str, *more: str) -> str | None:
     """The ``delta.dataSkippingStatsColumns`` value for a new table of ``schema`` whose MERGEs
-    prune by column ``prune``; None when Delta's default already covers it."""
+    prune by column ``prune`` (and ``more``); None when Delta's default already covers them."""
+    wanted = (prune, *more)
+    names = [f.name for f in schema.fields]
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise ValueError(f"pruning column(s) {missing} not in the table's schema")
     before = 0
+    indexed = set()
     for f in schema.fields:
-        if f.name == prune:
-            if before < INDEXED_BY_DEFAULT:
-                return None
-            break
         before += leaves(f.dataType)
-    else:
-        raise ValueError(f"pruning column {prune!r} is not in the table's schema")
-    others = [f.name for f in schema.fields if f.name != prune][: INDEXED_BY_DEFAULT - 1]
+        if before > INDEXED_BY_DEFAULT:
+            break
+        indexed.add(f.name)
+    if all(c in indexed for c in wanted):
+        return None
+    others = [n for n in names if n not in wanted][: INDEXED_BY_DEFAULT - len(wanted)]
     # Lake column names are Avro names ([A-Za-z_][A-Za-z0-9_]*): nothing to quote in the list.
-    return ",".join((prune, *others))
+    return ",".join((*wanted, *others))

@@ -21,10 +21,20 @@ values, keep each transaction's last state, mark the states that open a version 
 rest with the version they update; one MERGE on (key, `__valid_from_lsn`) writes the versions.
 A replay reads the same versions valid at the batch's start (the batch only closes them later
 and adds versions after it), so it computes and writes the same rows again: nothing changes.
+
+Most batches need none of those versions' values: without untracked columns, TOAST columns,
+truncates or snapshot reads, every change opens a version, and the versions valid at the start
+only need closing at each key's first commit in the batch. Then the timeline is the batch's own
+events, and the MERGE closes the open versions itself (one "closer" source row per key, matched
+to the key's open version opened before that commit). That saves reading the open versions,
+which for changes spread over the whole key range is most of the history's live part. A replay
+finds the versions it closed no longer open and the ones it wrote by their `__valid_from_lsn`,
+so it writes the same rows again, as the full form does.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import reduce
 
 from delta.tables import DeltaTable
@@ -41,7 +51,7 @@ from pyspark.sql.types import (
 )
 from pyspark.sql.window import Window
 
-from spark_consumer import lake_state, merge_sql
+from spark_consumer import file_stats, lake_state, merge_sql
 from spark_consumer.cache_level import CACHE
 from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
@@ -58,6 +68,9 @@ HISTORY_META = (FROM_LSN, TO_LSN, FROM_TS, TO_TS, CURRENT, HIST_OP)
 
 # Timeline working columns: not Avro names, so no source column can have them.
 _LSN, _ORD, _OP, _TS, _PRIOR, _TOAST = "#lsn", "#ord", "#op", "#ts", "#prior", "#toast"
+log = logging.getLogger("walbridge.consumer")
+
+_KIND = "#kind"  # a MERGE source row: a version ("v"), or a closer of a key's open one ("c")
 
 
 def _meta_fields() -> list[StructField]:
@@ -77,13 +90,23 @@ def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> StructType:
     lake = lake_state.read(spark, path)
     if not lake.exists:
         schema = StructType([StructField(c, types[c], True) for c in tc.columns] + _meta_fields())
-        (
+        builder = (
             DeltaTable.createIfNotExists(spark)
             .location(path)
             .addColumns(schema)
+            # Open and closed versions never share a file: a batch's MERGE (and the full
+            # form's read) finds the open ones in a partition as large as the source table,
+            # and skips the closed ones' files by their `__valid_to_lsn` statistics. Unsplit,
+            # every file soon held some open version, and every batch joined against the
+            # whole history, a cost growing with it.
+            .partitionedBy(CURRENT)
             .property("walbridge.key", ",".join(tc.key))
-            .execute()
         )
+        # A wide table keeps statistics for the columns the batches prune files by.
+        stats = file_stats.stats_columns(schema, tc.key[0], FROM_LSN, TO_LSN)
+        if stats is not None:
+            builder = builder.property(file_stats.STATS_COLUMNS_PROPERTY, stats)
+        builder.execute()
         return schema
     new = [c for c in tc.columns if c not in lake.columns]
     if not new:
@@ -267,6 +290,18 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
             .select(COMMIT_LSN, TOTAL_ORDER, TS_MS)
             .collect()
         ]
+    if not points and _short_form_fits(tc, opts, toast_cols):
+        # The MERGE reads its source twice (session.py: no materialized source): cached, and
+        # computed whole by the look for snapshot reads, which would need the full form.
+        source = _short_form_source(events, tc).persist(CACHE)
+        try:
+            if not source.filter(F.col(HIST_OP) == "r").limit(1).collect():
+                log.debug("history of %s: short form", tc.name)
+                _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
+                return lake_state.read(spark, path).version
+        finally:
+            source.unpersist()
+    log.debug("history of %s: full form", tc.name)
     prior_all = _prior(spark, path, tc, lo, types, whole=bool(points))
     batch_keys = events.select(*tc.key).distinct()
     if points:  # a truncate closes every open version, touched by the batch or not
@@ -295,14 +330,7 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
                 + "; ".join(f"{r.asDict()}" for r in lost)
             )
         timeline = timeline.drop("#missing")
-    # The state of each key at each commit: its transaction's last change.
-    last_in_tx = Window.partitionBy(*tc.key, _LSN).orderBy(F.desc(_ORD))
-    states = (
-        timeline.withColumn("#rank", F.row_number().over(last_in_tx))
-        .filter(F.col("#rank") == 1)
-        .drop("#rank")
-    )
-    versions = _versions(states, tc, opts).persist(CACHE)
+    versions = _versions(_last_in_tx(timeline, tc.key), tc, opts).persist(CACHE)
     try:
         _merge(spark, path, versions, tc, schema, lo, whole=bool(points))
     finally:
@@ -310,6 +338,65 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
         if toast_cols:
             timeline.unpersist()
     return lake_state.read(spark, path).version
+
+
+def _short_form_fits(tc: TableChanges, opts: TableOptions, toast_cols: list[str]) -> bool:
+    """Whether every change of the batch may open a version with no earlier version's values:
+    no untracked columns, no TOAST column, no snapshot in progress (whether a snapshot read
+    changed its row needs the open version; the caller also looks for reads in the changes).
+    A truncate is the caller's to rule out."""
+    return not (opts.tracks_subset or toast_cols or tc.snapshotting)
+
+
+def _last_in_tx(timeline: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    """The state of each key at each commit: its transaction's last change."""
+    last = Window.partitionBy(*key, _LSN).orderBy(F.desc(_ORD))
+    return (
+        timeline.withColumn("#rank", F.row_number().over(last))
+        .filter(F.col("#rank") == 1)
+        .drop("#rank")
+    )
+
+
+def _short_form_source(events: DataFrame, tc: TableChanges) -> DataFrame:
+    """The short form's MERGE source: every transaction's last change of a key opens a version
+    (a delete opens none) that the key's next one closes, and each key's first such change
+    closes the version open before the batch (a closer). One window over the key's changes in
+    commit order gives all of it: the full form's grouping would make each group one state."""
+    key = tc.key
+    values = [c for c in tc.columns if c not in key]
+    in_order = Window.partitionBy(*key).orderBy(_LSN, _ORD)
+    last_in_tx = F.lead(_LSN).over(in_order)
+    states = events.withColumn("#later", last_in_tx).filter(
+        F.col("#later").isNull() | (F.col("#later") != F.col(_LSN))
+    )
+    by_commit = Window.partitionBy(*key).orderBy(_LSN)
+    states = states.withColumns(
+        {
+            "#next": F.lead(F.struct(F.col(_LSN).alias("lsn"), F.col(_TS).alias("ts"))).over(
+                by_commit
+            ),
+            "#first": F.lag(_LSN).over(by_commit).isNull(),
+        }
+    )
+    versions = states.filter(F.col(_OP) != "d").select(
+        *key,
+        *values,
+        F.col(_LSN).alias(FROM_LSN),
+        F.col("#next.lsn").alias(TO_LSN),
+        F.col(_TS).alias(FROM_TS),
+        F.col("#next.ts").alias(TO_TS),
+        F.col("#next").isNull().alias(CURRENT),
+        F.col(_OP).alias(HIST_OP),
+        F.lit("v").alias(_KIND),
+    )
+    closers = states.filter(F.col("#first")).select(
+        *key,
+        F.col(_LSN).alias(FROM_LSN),
+        F.col(_TS).alias(FROM_TS),
+        F.lit("c").alias(_KIND),
+    )
+    return versions.unionByName(closers, allowMissingColumns=True)
 
 
 def _merge(
@@ -320,12 +407,23 @@ def _merge(
     schema: StructType,
     lo: int,
     whole: bool,
+    closers: bool = False,
 ) -> None:
+    """MERGE the versions on (key, `__valid_from_lsn`). With `closers`, the source also holds
+    the closers of `_short_form_source`, each matched to its key's version still open and opened before
+    the closer's commit (none on a replay, which closed it already): that version is closed
+    there. A target version matches at most one source row: a closer's is opened before the
+    batch's first commit of the key, a version's at or after it."""
     target_cols = [f.name for f in schema.fields if f.name not in HISTORY_META]
     check_names(tc.name, target_cols)
-    on = F.expr(
-        " AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key) + f" AND t.{FROM_LSN} = s.{FROM_LSN}"
-    )
+    keys = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
+    same_version = F.col(f"t.{FROM_LSN}") == F.col(f"s.{FROM_LSN}")
+    is_closer = F.col(f"s.`{_KIND}`") == "c"
+    if closers:
+        closes = F.col(f"t.{TO_LSN}").isNull() & (F.col(f"t.{FROM_LSN}") < F.col(f"s.{FROM_LSN}"))
+        on = keys & F.when(is_closer, closes).otherwise(same_version)
+    else:
+        on = keys & same_version
     # Target-only predicates, so Delta prunes the files no matched version can be in: those
     # of closed versions, and (without a truncate) of keys outside the batch's range.
     on = on & _still_open(lo, "t.")
@@ -343,11 +441,18 @@ def _merge(
         **meta,
     }
     sets = {k: v for k, v in values.items() if k.strip("`") not in tc.key}
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(versions.alias("s"), on)
-        .whenMatchedUpdate(set={**sets, **meta})
-        .whenNotMatchedInsert(values=inserts)
-        .execute()
-    )
+    merge = DeltaTable.forPath(spark, path).alias("t").merge(versions.alias("s"), on)
+    if closers:
+        close: dict[str, str | Column] = {
+            TO_LSN: F.col(f"s.{FROM_LSN}"),
+            TO_TS: F.col(f"s.{FROM_TS}"),
+            CURRENT: F.lit(False),
+        }
+        merge = (
+            merge.whenMatchedUpdate(condition=is_closer, set=close)
+            .whenMatchedUpdate(set={**sets, **meta})
+            .whenNotMatchedInsert(condition=~is_closer, values=inserts)
+        )
+    else:
+        merge = merge.whenMatchedUpdate(set={**sets, **meta}).whenNotMatchedInsert(values=inserts)
+    merge.execute()

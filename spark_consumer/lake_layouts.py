@@ -117,7 +117,13 @@ class Layout:
             if TOAST not in events.columns:
                 raise ApplyError(f"table {self.collection}: changes lack {TOAST}")
             out[name] = changelog.write(
-                spark, path, events, self.opts, tc.commit_lsns, recorded.get(name)
+                spark,
+                path,
+                events,
+                self.opts,
+                tc.commit_lsns,
+                recorded.get(name),
+                deduplicate=tc.duplicates,
             )
         return out
 

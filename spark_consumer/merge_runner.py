@@ -199,6 +199,7 @@ class MergeRunner:
             key_min=work.key_min,
             key_max=work.key_max,
             only_distinct_inserts=work.only_distinct_inserts,
+            duplicates=work.duplicates,
             unique_key=table.unique_key,
             recorded_version=recorded.get(work.collection),
             snapshotting=snapshotting,

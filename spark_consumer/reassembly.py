@@ -98,6 +98,9 @@ class TableWork:
     # Every applied event of the table is an insert and none arrived twice: the MERGE may
     # take its insert-only form (merge.py says why that is exact).
     only_distinct_inserts: bool = False
+    # Some event arrived more than once (a producer replay): a write that keeps every event
+    # (the changelog) must drop the copies.
+    duplicates: bool = False
 
 
 # How many waiting transactions a plan names (oldest first): enough for the error messages and
@@ -271,6 +274,7 @@ WORK_SCHEMA = pa.schema(
         ("events", pa.int64()),
         ("all_t", pa.bool_()),  # every record a truncate
         ("distinct_c", pa.bool_()),  # every event an insert, none arrived twice
+        ("dups", pa.bool_()),  # some event arrived more than once
         ("k_null", pa.bool_()),  # some event had no usable key value
         ("long", pa.bool_()),  # every row has integer key bounds
         ("str", pa.bool_()),  # every row has string key bounds
@@ -416,6 +420,7 @@ def _table_work(rows: pa.Table) -> pa.Table:
     flags = flags.append_column(
         "distinct_c", pc.and_(rows["only_inserts"], pc.equal(rows["events"], rows["records"]))
     )
+    flags = flags.append_column("dups", pc.not_equal(rows["events"], rows["records"]))
     flags = flags.append_column("long", pc.is_valid(rows["kl_min"]))
     flags = flags.append_column("str", pc.is_valid(rows["ks_min"]))
     agg = flags.group_by("coll", use_threads=False).aggregate(
@@ -454,6 +459,7 @@ _WORK_AGGREGATES = (
     ("events", "sum"),
     ("all_t", "all"),
     ("distinct_c", "all"),
+    ("dups", "any"),
     ("k_null", "any"),
     ("long", "all"),
     ("str", "all"),
@@ -484,6 +490,7 @@ def table_works(rows: pa.Table) -> tuple[TableWork, ...]:
                 key_min=low,
                 key_max=high,
                 only_distinct_inserts=bool(r["distinct_c"]),
+                duplicates=bool(r["dups"]),
             )
         )
     return tuple(work)

@@ -32,6 +32,7 @@ class TableChanges:
     key_min: int | str | None = None  # bounds of the first key column: lets MERGE prune files
     key_max: int | str | None = None
     only_distinct_inserts: bool = False  # every change a 'c', none twice (TableWork says so)
+    duplicates: bool = True  # some change arrived twice (TableWork says when none did)
     unique_key: bool = False  # the key is a primary key or unique index at the source
     # The table's Delta version in the last progress row: None when no batch recorded it.
     recorded_version: int | None = None

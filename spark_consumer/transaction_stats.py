@@ -417,6 +417,7 @@ def _work_aggregates() -> list[Column]:
         F.sum("events").alias("events"),
         F.min(F.col("truncates") == F.col("records")).alias("all_t"),
         F.min(only_inserts & (F.col("events") == F.col("records"))).alias("distinct_c"),
+        F.max(F.col("events") != F.col("records")).alias("dups"),
         F.max("k_null").alias("k_null"),
         F.min(F.col("kl_min").isNotNull()).alias("long"),
         F.min(F.col("ks_min").isNotNull()).alias("str"),

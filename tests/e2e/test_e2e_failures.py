@@ -1,9 +1,11 @@
 """Failures through the real pipeline: the consumer job SIGKILLed mid-stream and restarted from
-its checkpoint converges to PostgreSQL; replaying an applied batch changes nothing; a poison
-record stops the job naming its coordinates, or goes to quarantine when configured."""
+its checkpoint converges to PostgreSQL, its history and changelog tables (issue 43) included;
+replaying an applied batch changes nothing; a poison record stops the job naming its
+coordinates, or goes to quarantine when configured."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import threading
@@ -16,8 +18,9 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from tests.e2e.harness import pipeline, wait_for
-from tests.support.producer_harness import sql
+from schemas.topics import table_topic
+from tests.e2e.harness import Pipeline, pipeline, wait_for
+from tests.support.producer_harness import TopicReader, sql
 from tests.support.spark import spark  # noqa: F401
 
 pytestmark = pytest.mark.e2e
@@ -52,6 +55,11 @@ def test_killed_job_converges_and_replay_is_a_no_op(
     sql(
         pg_dsn, f"CREATE SCHEMA {s}", f"CREATE TABLE {table} (id int PRIMARY KEY, v int, note text)"
     )
+    # The table's history and changelog are written by the same batches, so the kill lands
+    # in their writes too (the window between them and the progress row included).
+    layouts = tmp_path / "lake-tables.toml"
+    layouts.write_text(f'[tables."{table}"]\nhistory = true\nchangelog = true\n')
+    env = {"WALBRIDGE_LAKE_TABLES_CONFIG": str(layouts)}
     try:
         with pipeline(
             spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table], "e2ecrash"
@@ -59,7 +67,7 @@ def test_killed_job_converges_and_replay_is_a_no_op(
             p.start_producer()
             worker = threading.Thread(target=churn, args=(pg_dsn, table, 600))
             worker.start()
-            job = p.consumer_process("--trigger", "1 seconds", log_name="run1")
+            job = p.consumer_process("--trigger", "1 seconds", log_name="run1", **env)
             try:
                 wait_for(
                     "two applied batches",
@@ -80,23 +88,88 @@ def test_killed_job_converges_and_replay_is_a_no_op(
             worker.join()
             p.wait_published()
 
-            again = p.consumer_process("--available-now", log_name="run2")
+            again = p.consumer_process("--available-now", log_name="run2", **env)
             assert again.wait(600) == 0, p.log("run2")
             p.assert_equal()
             last = p.progress()[-1]
+            check_layouts_after_the_kill(spark, p, s, last)
 
             # Replay: forget that Spark committed the last batch; it runs again, is skipped.
             commits = Path(p.checkpoint, "commits")
             replayed = max((f.name for f in commits.iterdir() if f.name.isdigit()), key=int)
             (commits / replayed).unlink()
             (commits / f".{replayed}.crc").unlink(missing_ok=True)  # Hadoop's checksum file
-            third = p.consumer_process("--available-now", log_name="run3")
+            third = p.consumer_process("--available-now", log_name="run3", **env)
             assert third.wait(600) == 0, p.log("run3")
             assert f"batch {replayed} already applied" in p.log("run3")
             assert p.progress()[-1] == last
             p.assert_equal()
     finally:
         sql(pg_dsn, f"DROP SCHEMA {s} CASCADE")
+
+
+def check_layouts_after_the_kill(
+    spark: SparkSession, p: Pipeline, s: str, last: dict[str, object]
+) -> None:
+    """The changelog holds every data event of the topic exactly once, with its row; the
+    history's open versions are the source's rows, and each key's versions follow one another
+    without gap or overlap."""
+    versions = last["table_versions"]
+    assert isinstance(versions, dict)
+    events = [
+        r.value
+        for r in TopicReader(p.kafka, p.registry).read_to_end([table_topic(p.prefix, s, "t")])
+        if r.value is not None and r.value["op"] in ("c", "r", "u", "d")
+    ]
+
+    def image(row: dict[str, object] | None) -> tuple[object, ...] | None:
+        return None if row is None else (row["id"], row.get("v"), row.get("note"))
+
+    want = sorted(
+        (
+            e["source"]["commit_lsn"],
+            e["transaction"]["total_order"],
+            e["op"],
+            image(e["after"]),
+        )
+        for e in events
+    )
+    changelog = (
+        spark.read.format("delta")
+        .option("versionAsOf", versions[f"changelog:{s}.t"])
+        .load(f"{p.lake}/_walbridge/changelog/{s}/t")
+        .collect()
+    )
+    got = sorted(
+        (
+            r["commit_lsn"],
+            r["total_order"],
+            r["op"],
+            None if r["after"] is None else image(r["after"].asDict()),
+        )
+        for r in changelog
+    )
+    assert len(got) == len(want) > 600  # the churn's 600 upserts, its deletes besides
+    assert got == want
+
+    history = (
+        spark.read.format("delta")
+        .option("versionAsOf", versions[f"history:{s}.t"])
+        .load(f"{p.lake}/_walbridge/history/{s}/t")
+        .collect()
+    )
+    current = sorted((r["id"], r["v"], r["note"]) for r in history if r["__is_current"])
+    live = sorted((r["id"], r["v"], r["note"]) for r in p.table(f"{s}.t"))  # == the source
+    assert current == live
+    by_key: dict[int, list[tuple[int, int | None]]] = {}
+    for r in history:
+        by_key.setdefault(r["id"], []).append((r["__valid_from_lsn"], r["__valid_to_lsn"]))
+    for key, spans in by_key.items():
+        spans.sort()
+        for (_, to), (nxt, _) in itertools.pairwise(spans):
+            assert to is not None and to <= nxt, (key, spans)
+        assert all(to is not None for _, to in spans[:-1]), (key, spans)
+        assert (spans[-1][1] is None) == (key in {row[0] for row in live}), (key, spans)
 
 
 def test_poison_record_stops_then_quarantine_lets_it_pass(

@@ -13,6 +13,7 @@ kill -9 mid-batch leaves), then runs again: nothing may be added twice.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,34 +33,38 @@ SECRET = "SECRET-5f1e-not-in-the-lake"
 BIG = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)"  # ~13 kB: TOASTed
 
 
-def _audit_sql(table: str, s: str) -> list[str]:
+def _audit_sql(table: str, s: str, audit: str = "audit") -> list[str]:
     return [
-        f"CREATE TABLE {s}.audit (seq bigserial PRIMARY KEY, txid bigint, op text, "
+        f"CREATE TABLE {s}.{audit} (seq bigserial PRIMARY KEY, txid bigint, op text, "
         "id int, row jsonb)",
-        f"""CREATE FUNCTION {s}.audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+        f"""CREATE FUNCTION {s}.{audit}_row() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
           IF TG_OP = 'DELETE' THEN
-            INSERT INTO {s}.audit (txid, op, id, row) VALUES (txid_current(), 'd', OLD.id, NULL);
+            INSERT INTO {s}.{audit} (txid, op, id, row) VALUES (txid_current(), 'd', OLD.id, NULL);
           ELSIF TG_OP = 'TRUNCATE' THEN
-            INSERT INTO {s}.audit (txid, op, id, row) VALUES (txid_current(), 't', NULL, NULL);
+            INSERT INTO {s}.{audit} (txid, op, id, row) VALUES (txid_current(), 't', NULL, NULL);
           ELSE
             IF TG_OP = 'UPDATE' AND OLD.id <> NEW.id THEN
-              INSERT INTO {s}.audit (txid, op, id, row) VALUES (txid_current(), 'd', OLD.id, NULL);
+              INSERT INTO {s}.{audit} (txid, op, id, row) VALUES (txid_current(), 'd', OLD.id, NULL);
             END IF;
-            INSERT INTO {s}.audit (txid, op, id, row)
+            INSERT INTO {s}.{audit} (txid, op, id, row)
               VALUES (txid_current(), 'w', NEW.id, to_jsonb(NEW));
           END IF;
           RETURN NULL;
         END $$""",
         f"CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON {table} "
-        f"FOR EACH ROW EXECUTE FUNCTION {s}.audit_row()",
+        f"FOR EACH ROW EXECUTE FUNCTION {s}.{audit}_row()",
         f"CREATE TRIGGER audit_truncate AFTER TRUNCATE ON {table} "
-        f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.audit_row()",
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.{audit}_row()",
     ]
 
 
-def _expected_history(audit: list[tuple[Any, ...]], ignored: set[str]) -> list[tuple[Any, ...]]:
-    """SCD2 versions from the audit: (id, from txid, to txid or None, v, note, extra)."""
+def _expected_history(
+    audit: list[tuple[Any, ...]],
+    ignored: set[str],
+    columns: tuple[str, ...] = ("v", "note", "extra", "big"),
+) -> list[tuple[Any, ...]]:
+    """SCD2 versions from the audit: (id, from txid, to txid or None, *columns)."""
     open_: dict[int, dict[str, Any]] = {}
     done: list[dict[str, Any]] = []
     by_tx: dict[int, list[tuple[Any, ...]]] = {}
@@ -92,16 +97,7 @@ def _expected_history(audit: list[tuple[Any, ...]], ignored: set[str]) -> list[t
             open_[k] = {"from": txid, "to": None, "row": new}
     out = done + list(open_.values())
     return sorted(
-        (
-            v["row"]["id"],
-            v["from"],
-            v["to"],
-            v["row"]["v"],
-            v["row"]["note"],
-            v["row"].get("extra"),
-            v["row"]["big"],
-        )
-        for v in out
+        (v["row"]["id"], v["from"], v["to"], *[v["row"].get(c) for c in columns]) for v in out
     )
 
 
@@ -112,14 +108,21 @@ def test_every_layout_option_against_the_audit_history(
     registry_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="walbridge.consumer")
     s = f"e2e_layout_{uuid.uuid4().hex[:8]}"
     table = f"{s}.t"
+    # A second table with history alone: its batches take the history's short form (every
+    # change opens a version, no earlier version's values needed; history.py).
+    plain = f"{s}.u"
     sql(
         pg_dsn,
         f"CREATE SCHEMA {s}",
         f"CREATE TABLE {table} (id int PRIMARY KEY, v int, note text, big text, secret text)",
+        f"CREATE TABLE {plain} (id int PRIMARY KEY, v int)",
         *_audit_sql(table, s),
+        *_audit_sql(plain, s, "audit_u"),
     )
     options = parse(
         f"""
@@ -130,11 +133,15 @@ def test_every_layout_option_against_the_audit_history(
         change_data_feed = true
         except_columns = ["secret"]
         ignore_columns = ["note"]
+
+        [tables."{plain}"]
+        history = true
+        changelog = true
         """
     )
     try:
         with pipeline(
-            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table], "e2elayout"
+            spark, pg_dsn, kafka_bootstrap, registry_url, tmp_path, [table, plain], "e2elayout"
         ) as p:
             p.start_producer()
             p.sql(
@@ -151,6 +158,17 @@ def test_every_layout_option_against_the_audit_history(
             p.sql(f"UPDATE {table} SET id = 30 WHERE id = 1")  # key change, big unchanged
             p.sql(f"DELETE FROM {table} WHERE id = 4")
             p.sql(f"UPDATE {table} SET note = 'only the ignored column' WHERE id = 5")
+            p.sql(
+                f"INSERT INTO {plain} SELECT g, g FROM generate_series(1, 5) g",
+                "BEGIN",
+                f"UPDATE {plain} SET v = v + 10 WHERE id = 1",
+                f"UPDATE {plain} SET v = 21 WHERE id = 2",
+                f"UPDATE {plain} SET v = 22 WHERE id = 2",
+                "COMMIT",
+                f"UPDATE {plain} SET id = 30 WHERE id = 1",
+                f"DELETE FROM {plain} WHERE id = 4",
+                f"UPDATE {plain} SET v = 55 WHERE id = 5",
+            )
             p.wait_published()
             p.consume_available(lake_tables_config=options)
             first = p.progress()[-1]
@@ -164,6 +182,15 @@ def test_every_layout_option_against_the_audit_history(
                 "BEGIN", f"TRUNCATE {table}", f"INSERT INTO {table} (id, v) VALUES (7, 7)", "COMMIT"
             )
             p.sql(f"INSERT INTO {table} (id, v, note) VALUES (4, 44, 'back')")
+            p.sql(
+                f"INSERT INTO {plain} VALUES (6, 6)",
+                f"UPDATE {plain} SET v = 300 WHERE id = 30",
+                "BEGIN",
+                f"DELETE FROM {plain}",
+                f"INSERT INTO {plain} VALUES (7, 7)",
+                "COMMIT",
+                f"INSERT INTO {plain} VALUES (4, 44)",
+            )
             p.wait_published()
 
             # The batch writes every layout table, then fails before its progress row.
@@ -177,6 +204,13 @@ def test_every_layout_option_against_the_audit_history(
 
             audit = query(pg_dsn, f"SELECT seq, txid, op, id, row FROM {s}.audit ORDER BY seq")
             _check_history(spark, p.lake, s, audit, last)
+            audit_u = query(pg_dsn, f"SELECT seq, txid, op, id, row FROM {s}.audit_u ORDER BY seq")
+            _check_history_of_every_change(spark, p.lake, s, audit_u, last)
+            # Each history form was taken: the full one for the table with an ignored column
+            # and a TOAST value, the short one for the other (the replay included).
+            forms = [r.getMessage() for r in caplog.records if r.getMessage().startswith("history")]
+            assert f"history of {s}.t: full form" in forms, forms
+            assert forms.count(f"history of {s}.u: short form") >= 2, forms
             _check_changelog(spark, p.lake, s, audit, last)
             _check_soft_deletes(p, pg_dsn, table, last)
             _check_change_feed(spark, p.lake, s, first, last)
@@ -192,9 +226,9 @@ def _fail_once(real: Any) -> Any:
     return fail
 
 
-def _tx_lsns(spark: SparkSession, lake: str, s: str) -> dict[int, int]:
+def _tx_lsns(spark: SparkSession, lake: str, s: str, table: str = "t") -> dict[int, int]:
     """xid -> commit LSN, from the changelog's transaction ids ("<xid>:<commit_lsn>")."""
-    rows = spark.read.format("delta").load(f"{lake}/_walbridge/changelog/{s}/t").collect()
+    rows = spark.read.format("delta").load(f"{lake}/_walbridge/changelog/{s}/{table}").collect()
     return {int(r["tx_id"].split(":")[0]): r["commit_lsn"] for r in rows}
 
 
@@ -230,6 +264,26 @@ def _check_history(
     assert {r["__op"] for r in hist} <= {"c", "u", "r"}
     big = [r for r in hist if r["id"] == 30]
     assert big and all(r["big"] and len(r["big"]) == 400 * 32 for r in big)
+
+
+def _check_history_of_every_change(
+    spark: SparkSession, lake: str, s: str, audit: list[tuple[Any, ...]], last: dict[str, Any]
+) -> None:
+    """The table with history alone: the audit's versions, exactly."""
+    lsn = _tx_lsns(spark, lake, s, "u")
+    want = [
+        (i, lsn[f], None if t is None else lsn[t], v)
+        for i, f, t, v in _expected_history(audit, set(), ("v",))
+    ]
+    hist = (
+        spark.read.format("delta")
+        .option("versionAsOf", last["table_versions"][f"history:{s}.u"])
+        .load(f"{lake}/_walbridge/history/{s}/u")
+        .collect()
+    )
+    got = sorted((r["id"], r["__valid_from_lsn"], r["__valid_to_lsn"], r["v"]) for r in hist)
+    assert got == want
+    assert all(r["__is_current"] == (r["__valid_to_lsn"] is None) for r in hist)
 
 
 def _check_changelog(

@@ -65,3 +65,18 @@ def test_a_table_without_a_key_prunes_by_commit_lsn_after_its_columns() -> None:
 def test_an_unknown_pruning_column_is_a_bug() -> None:
     with pytest.raises(ValueError, match="'nope'"):
         stats_columns(_wide(3, "id"), "nope")
+
+
+def test_several_pruning_columns_come_first_when_one_is_past_the_default() -> None:
+    """A history table prunes by its first key column and its validity columns, which come
+    after the source's columns."""
+    schema = StructType(
+        [StructField(f"c{i}", LongType()) for i in range(40)]
+        + [StructField("from", LongType()), StructField("to", LongType())]
+    )
+    got = stats_columns(schema, "c0", "from", "to")
+    assert got is not None
+    assert got.split(",")[:3] == ["c0", "from", "to"]
+    assert len(got.split(",")) == INDEXED_BY_DEFAULT
+    narrow = StructType([StructField(n, LongType()) for n in ("id", "v", "from", "to")])
+    assert stats_columns(narrow, "id", "from", "to") is None

@@ -105,6 +105,21 @@ def test_insert_only_form_needs_every_applied_event_a_distinct_insert(
     assert a.only_distinct_inserts is expected
 
 
+@pytest.mark.parametrize(("records", "expected"), [(1, False), (2, True)])
+def test_a_table_is_marked_when_an_applied_event_arrived_twice(
+    records: int, expected: bool
+) -> None:
+    """The changelog drops copies only then; a waiting transaction's copies do not count."""
+    data = [
+        stats("1:100", 100),
+        stats("2:200", 200, records=records),
+        stats("3:300", 300, records=2),
+    ]  # pending: must not count
+    marks = [end("1:100", 100, public__a=1), end("2:200", 200, public__a=1)]
+    (a,) = decide(data, marks, watermark=-1).tables
+    assert a.duplicates is expected
+
+
 def test_no_key_bounds_when_some_event_has_none() -> None:
     data = [stats("1:100", 100, key_min=5, key_max=9), stats("2:200", 200)]
     marks = [end("1:100", 100, public__a=1), end("2:200", 200, public__a=1)]

@@ -79,6 +79,7 @@ def reference(data: Sequence[TableStats], markers: Sequence[MarkerStats], waterm
                 key_min=min(s.key_min for s in stats) if usable else None,  # type: ignore[type-var]
                 key_max=max(s.key_max for s in stats) if usable else None,  # type: ignore[type-var]
                 only_distinct_inserts=all(s.only_inserts and not s.duplicates for s in stats),
+                duplicates=any(s.duplicates for s in stats),
             )
         )
     pending = []

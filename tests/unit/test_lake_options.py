@@ -141,3 +141,17 @@ def test_paths_and_progress_names_follow_the_name_rule() -> None:
     assert "/" not in weird.rsplit("/changelog/", 1)[1].replace("/", "", 1)
     assert lake_options.history_name("public.orders") == "history:public.orders"
     assert lake_options.changelog_name("public.orders") == "changelog:public.orders"
+
+
+def test_a_layouts_extra_tables_are_named_as_in_the_progress_row() -> None:
+    """What batch.py hands to the Delta checkpoints (and compaction) besides the table."""
+    from spark_consumer.lake_layouts import Layout
+
+    opts = parse('[tables."public.orders"]\nhistory = true\nchangelog = true\n')
+    layout = Layout(opts.of_collection("public.orders"), "public.orders", "/l", "public", "orders")
+    assert layout.extra_tables == {
+        "history:public.orders": "/l/_walbridge/history/public/orders",
+        "changelog:public.orders": "/l/_walbridge/changelog/public/orders",
+    }
+    plain = Layout(opts.of_collection("public.other"), "public.other", "/l", "public", "other")
+    assert plain.extra_tables == {}
