@@ -92,7 +92,7 @@ def test_total_balance_constant_in_every_progress_state(
                 done: list[int] = []
                 workers = [
                     threading.Thread(
-                        target=transfers, args=(pg_dsn, checking, savings, 30.0, seed, done)
+                        target=transfers, args=(pg_dsn, checking, savings, 15.0, seed, done)
                     )
                     for seed in (1, 2)
                 ]
