@@ -66,10 +66,10 @@ FROM_TS, TO_TS = "__valid_from", "__valid_to"
 CURRENT, HIST_OP = "__is_current", "__op"
 HISTORY_META = (FROM_LSN, TO_LSN, FROM_TS, TO_TS, CURRENT, HIST_OP)
 
-# Timeline working columns: not Avro names, so no source column can have them.
-_LSN, _ORD, _OP, _TS, _PRIOR, _TOAST = "#lsn", "#ord", "#op", "#ts", "#prior", "#toast"
 log = logging.getLogger("walbridge.consumer")
 
+# Timeline working columns: not Avro names, so no source column can have them.
+_LSN, _ORD, _OP, _TS, _PRIOR, _TOAST = "#lsn", "#ord", "#op", "#ts", "#prior", "#toast"
 _KIND = "#kind"  # a MERGE source row: a version ("v"), or a closer of a key's open one ("c")
 
 
@@ -410,10 +410,10 @@ def _merge(
     closers: bool = False,
 ) -> None:
     """MERGE the versions on (key, `__valid_from_lsn`). With `closers`, the source also holds
-    the closers of `_short_form_source`, each matched to its key's version still open and opened before
-    the closer's commit (none on a replay, which closed it already): that version is closed
-    there. A target version matches at most one source row: a closer's is opened before the
-    batch's first commit of the key, a version's at or after it."""
+    the closers of `_short_form_source`, each matched to its key's version still open and
+    opened before the closer's commit (none on a replay, which closed it already): that version
+    is closed there. A target version matches at most one source row: a closer's is opened
+    before the batch's first commit of the key, a version's at or after it."""
     target_cols = [f.name for f in schema.fields if f.name not in HISTORY_META]
     check_names(tc.name, target_cols)
     keys = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
