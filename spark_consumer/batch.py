@@ -36,6 +36,7 @@ from spark_consumer import (
     codegen_stable,
     freed_memory,
     pending,
+    pending_redaction,
     progress,
     quarantine,
     transaction_stats,
@@ -436,9 +437,30 @@ class BatchProcessor:
         return pending.save(
             self.spark,
             self.config.pending_path,
-            rows.withColumn(FIRST_SEEN, first_seen),
+            pending_redaction.redacted(
+                rows.withColumn(FIRST_SEEN, first_seen), self._redactions(tables)
+            ),
             append=append,
         )
+
+    def _redactions(
+        self, tables: dict[str, DecodedTable]
+    ) -> dict[str, dict[int, pending_redaction.Redaction]]:
+        """Per data topic whose table leaves columns out, what to empty in each writer schema's
+        values before they wait in the pending table (pending_redaction.py)."""
+        out: dict[str, dict[int, pending_redaction.Redaction]] = {}
+        for topic, t in tables.items():
+            opts = self.config.lake_tables_config.of_collection(f"{t.info.schema}.{t.info.table}")
+            if opts.columns is None and not opts.except_columns:
+                continue
+            by_id = {
+                i: r
+                for i in t.info.value_ids
+                if (r := pending_redaction.redaction(self.schemas.parsed(i), opts)) is not None
+            }
+            if by_id:
+                out[topic] = by_id
+        return out
 
     def _reject_decoded(
         self, tables: dict[str, DecodedTable], marker_df: DataFrame, raw: DataFrame, batch_id: int
