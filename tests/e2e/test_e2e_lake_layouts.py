@@ -300,11 +300,29 @@ def _check_changelog(
     )
     keys = [(r["commit_lsn"], r["total_order"]) for r in rows]
     assert len(keys) == len(set(keys))  # the replayed batch added nothing twice
-    # One event per audited row change (a key change is d + c), one per truncate.
+    # One event per audited row change (a key change is d + c), one per truncate, in the
+    # source's order, each with the audited row's content.
     assert len(rows) == len(audit)
     ops = sorted(r["op"] for r in rows)
     assert ops.count("t") == 1 and ops.count("d") == 2
     assert all(r["after"] is None or "secret" not in r["after"].asDict() for r in rows)
+    in_order = sorted(rows, key=lambda r: (r["commit_lsn"], r["total_order"]))
+    for (seq, txid, op, key, row), event in zip(audit, in_order, strict=True):
+        where = f"audit seq {seq}: {op} {key} {row} / changelog {event.asDict(recursive=True)}"
+        assert int(event["tx_id"].split(":")[0]) == txid, where
+        if op == "t":
+            assert event["op"] == "t", where
+        elif op == "d":
+            assert event["op"] == "d" and event["before"]["id"] == key, where
+        else:
+            after = event["after"].asDict()
+            assert event["op"] in ("c", "u") and after["id"] == key, where
+            assert [after.get(c) for c in ("v", "note", "extra")] == [
+                row.get(c) for c in ("v", "note", "extra")
+            ], where
+            # An unchanged TOAST value is named, never written as null or as the sentinel.
+            toast = event["unchanged_toast"] or []
+            assert after["big"] == row["big"] or ("big" in toast and after["big"] is None), where
 
 
 def _check_soft_deletes(p: Any, dsn: str, table: str, last: dict[str, Any]) -> None:
