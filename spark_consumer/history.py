@@ -84,16 +84,10 @@ def _meta_fields() -> list[StructField]:
     ]
 
 
-def _ensure(
-    spark: SparkSession, path: str, tc: TableChanges, recorded_version: int | None
-) -> tuple[StructType, bool]:
-    """Create the history table, or add the source columns it lacks: its schema, and whether
-    it holds nothing of this batch yet (created now, or still at the version the last
-    progress row names: every commit to it is this job's, and a batch's come before its
-    progress row)."""
+def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> StructType:
+    """Create the history table, or add the source columns it lacks; its schema."""
     types = {f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns}
     lake = lake_state.read(spark, path)
-    untouched = not lake.exists or lake.version == recorded_version
     if not lake.exists:
         schema = StructType([StructField(c, types[c], True) for c in tc.columns] + _meta_fields())
         builder = (
@@ -113,13 +107,13 @@ def _ensure(
         if stats is not None:
             builder = builder.property(file_stats.STATS_COLUMNS_PROPERTY, stats)
         builder.execute()
-        return schema, untouched
+        return schema
     new = [c for c in tc.columns if c not in lake.columns]
     if not new:
-        return lake.schema, untouched
+        return lake.schema
     cols = ", ".join(f"`{c}` {types[c].simpleString()}" for c in new)
     spark.sql(f"ALTER TABLE {_sql_path(path)} ADD COLUMNS ({cols})")
-    return lake_state.read(spark, path).schema, untouched
+    return lake_state.read(spark, path).schema
 
 
 def _still_open(lo: int, t: str = "") -> Column:
@@ -272,17 +266,8 @@ def _versions(states: DataFrame, tc: TableChanges, opts: TableOptions) -> DataFr
     )
 
 
-def write(
-    spark: SparkSession,
-    path: str,
-    tc: TableChanges,
-    opts: TableOptions,
-    recorded_version: int | None = None,
-) -> int:
-    """Write the batch's share of the table's history; the history table's Delta version.
-
-    `recorded_version`: the history table's version in the last progress row. While the table
-    is still there, the short form appends its versions instead of MERGEing them."""
+def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) -> int:
+    """Write the batch's share of the table's history; the history table's Delta version."""
     if not tc.key:
         raise ApplyError(
             f"table {tc.name}: history = true needs a key (a primary key or replica identity "
@@ -292,7 +277,7 @@ def write(
         raise ApplyError(f"table {tc.name}: no commit range for its history")
     check_names(tc.name, (*tc.columns, *tc.key))
     lo = tc.commit_lsns[0]
-    schema, untouched = _ensure(spark, path, tc, recorded_version)
+    schema = _ensure(spark, path, tc)
     types = {f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns}
     changes = tc.changes
     toast_cols = [c for c in tc.columns if c in tc.toast_columns]
@@ -311,12 +296,8 @@ def write(
         source = _short_form_source(events, tc).persist(CACHE)
         try:
             if not source.filter(F.col(HIST_OP) == "r").limit(1).collect():
-                if untouched:
-                    log.debug("history of %s: short form, appended", tc.name)
-                    _close_and_append(spark, path, source, tc, schema)
-                else:
-                    log.debug("history of %s: short form", tc.name)
-                    _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
+                log.debug("history of %s: short form", tc.name)
+                _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
                 return lake_state.read(spark, path).version
         finally:
             source.unpersist()
@@ -416,54 +397,6 @@ def _short_form_source(events: DataFrame, tc: TableChanges) -> DataFrame:
         F.lit("c").alias(_KIND),
     )
     return versions.unionByName(closers, allowMissingColumns=True)
-
-
-def _close_and_append(
-    spark: SparkSession, path: str, source: DataFrame, tc: TableChanges, schema: StructType
-) -> None:
-    """The short form's write into a table holding nothing of the batch: a MERGE of the closers
-    alone (matched updates of the open versions, no insert clause, so no version row takes part
-    in its join), then an append of the versions. Two commits: a replay after the first, or
-    after both, finds the table past its recorded version and takes `_merge`, which skips the
-    versions already closed and rewrites the ones already appended as they are."""
-    keys = F.expr(" AND ".join(f"t.`{k}` = s.`{k}`" for k in tc.key))
-    # `__is_current` is the partition column: the closed versions' files are never read.
-    on = (
-        keys
-        & F.col(f"t.{CURRENT}")
-        & F.col(f"t.{TO_LSN}").isNull()
-        & (F.col(f"t.{FROM_LSN}") < F.col(f"s.{FROM_LSN}"))
-    )
-    if (bounds := merge_sql.key_range(tc)) is not None:
-        on = on & bounds
-    closers = source.filter(F.col(_KIND) == "c").select(*tc.key, FROM_LSN, FROM_TS)
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(closers.alias("s"), on)
-        .whenMatchedUpdate(
-            set={
-                TO_LSN: F.col(f"s.{FROM_LSN}"),
-                TO_TS: F.col(f"s.{FROM_TS}"),
-                CURRENT: F.lit(False),
-            }
-        )
-        .execute()
-    )
-    # A column the source no longer sends is NULL in a new version, as `_merge` inserts it.
-    versions = source.filter(F.col(_KIND) == "v").select(
-        *[
-            (
-                F.col(f"`{f.name}`")
-                if f.name in tc.columns or f.name in HISTORY_META
-                else F.lit(None)
-            )
-            .cast(f.dataType)
-            .alias(f.name)
-            for f in schema.fields
-        ]
-    )
-    versions.write.format("delta").mode("append").save(path)
 
 
 def _merge(

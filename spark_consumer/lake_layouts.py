@@ -109,7 +109,7 @@ class Layout:
         tables = self.extra_tables
         if self.opts.history:
             name = lake_options.history_name(self.collection)
-            out[name] = history.write(spark, tables[name], tc, self.opts, recorded.get(name))
+            out[name] = history.write(spark, tables[name], tc, self.opts)
         if self.opts.changelog:
             name = lake_options.changelog_name(self.collection)
             path = tables[name]
