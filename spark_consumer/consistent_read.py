@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_consumer.errors import ConsumerError
+from spark_consumer.lake_options import CHANGELOG_PREFIX, HISTORY_PREFIX
 from spark_consumer.lake_state import read as read_lake
 from spark_consumer.maintenance import WINDOW_PROPERTY
 
@@ -48,7 +49,9 @@ def read_at(
     now_ms: int | None = None,
 ) -> ConsistentRead:
     """Every table named by progress row `batch_id` (None: the latest) at its version.
-    `table_path` maps a `schema.table` key to its lake path."""
+    `table_path` maps a `schema.table` key to its lake path; the layouts' `history:` and
+    `changelog:` keys are mapped beside it (`with_layouts`)."""
+    table_path = with_layouts(lake, table_path)
     progress_path = f"{lake.rstrip('/')}/_walbridge/progress"
     rows = spark.read.format("delta").load(progress_path)
     bounds = rows.agg(F.min("batch_id"), F.max("batch_id")).first()
@@ -83,3 +86,22 @@ def read_at(
         for name, version in dict(row["table_versions"]).items()
     }
     return ConsistentRead(wanted, int(row["commit_lsn"]), applied_ms, tables)
+
+
+def with_layouts(lake: str, table_path: Callable[[str], str]) -> Callable[[str], str]:
+    """`table_path` that also maps the progress row's `history:<name>` and `changelog:<name>`
+    keys: to `<lake>/_walbridge/history/...` (or `changelog/`) below the same two name parts as
+    the table `<name>` itself (lake_options.history_path, changelog_path)."""
+    root = lake.rstrip("/")
+    kinds = ((HISTORY_PREFIX, "history"), (CHANGELOG_PREFIX, "changelog"))
+
+    def path(name: str) -> str:
+        for prefix, kind in kinds:
+            if name.startswith(prefix):
+                base = table_path(name[len(prefix) :])
+                if not base.startswith(root + "/"):
+                    raise ValueError(f"table {name}: its path {base} is not inside {root}")
+                return f"{root}/_walbridge/{kind}/{base[len(root) + 1 :]}"
+        return table_path(name)
+
+    return path

@@ -6,11 +6,21 @@ import os
 
 import pytest
 
+from schemas.safe_names import lake_table_path
 from spark_consumer import lake_options
 from spark_consumer.__main__ import main
 from spark_consumer.config import parse_run
+from spark_consumer.consistent_read import with_layouts
 from spark_consumer.errors import ConfigError
-from spark_consumer.lake_options import LakeOptions, TableOptions, parse
+from spark_consumer.lake_options import (
+    LakeOptions,
+    TableOptions,
+    changelog_name,
+    changelog_path,
+    history_name,
+    history_path,
+    parse,
+)
 
 BASE_ENV = {
     "WALBRIDGE_KAFKA_BOOTSTRAP": "localhost:9092",
@@ -155,3 +165,15 @@ def test_a_layouts_extra_tables_are_named_as_in_the_progress_row() -> None:
     }
     plain = Layout(opts.of_collection("public.other"), "public.other", "/l", "public", "other")
     assert plain.extra_tables == {}
+
+
+def test_a_consistent_read_maps_the_layouts_names_beside_the_table_path() -> None:
+    def plain(name: str) -> str:
+        schema, table = name.split(".")
+        return lake_table_path("/lake/", schema, table)
+
+    path = with_layouts("/lake/", plain)
+    assert path("public.orders") == "/lake/public/orders"
+    assert path(history_name("public.orders")) == history_path("/lake", "public", "orders")
+    assert path(changelog_name("public.orders")) == changelog_path("/lake", "public", "orders")
+    assert path("history.orders") == "/lake/history/orders"  # a schema named history
