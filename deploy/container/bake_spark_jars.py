@@ -8,7 +8,9 @@ another version on the system classpath would be a conflict).
 
 Then Hadoop's S3A file system (`s3a://` lake and checkpoint paths): hadoop-aws at the version of
 the Hadoop client that Spark ships, with the AWS SDK bundle it was built against, resolved by
-Spark's own Ivy (its command line) into a scratch cache that is deleted afterwards.
+Spark's own Ivy (its command line) into a scratch directory that is deleted afterwards; its Ivy
+cache is $BAKE_S3A_IVY_CACHE if set (the Containerfile's build cache mount, so a rebuild
+downloads nothing), else a directory in that scratch.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def resolve_s3a(jars: Path, into: Path) -> None:
     if ivy is None:
         raise SystemExit(f"bake: Spark's Ivy jar is not in {jars}")
     pattern = str(into / "[organisation]_[artifact]-[revision](-[classifier]).[ext]")
+    cache = os.environ.get("BAKE_S3A_IVY_CACHE") or str(into / "cache")
     subprocess.run(
-        ["java", "-jar", str(ivy), "-cache", str(into / "cache"), "-confs", "default",
+        ["java", "-jar", str(ivy), "-cache", cache, "-confs", "default",
          "-dependency", "org.apache.hadoop", "hadoop-aws", hadoop_version(jars),
          "-types", "jar", "-retrieve", pattern],
         check=True, stdout=subprocess.DEVNULL,

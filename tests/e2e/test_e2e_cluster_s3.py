@@ -42,7 +42,9 @@ def stack_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def cluster(stack: Stack) -> Iterator[dict[str, str]]:
-    """The cluster and the store, started if needed (and then stopped), with their variables."""
+    """The cluster and the store, started if needed (and then stopped), with their variables.
+    The test stops a worker: one that ran before the module is started again afterwards, one the
+    module started is only stopped (starting it again just to stop it cost a JVM start)."""
     running = set(re.findall(r"^([\w-]+)\s+running\b", stack_cli("status").stdout, re.MULTILINE))
     up = stack_cli("up", "spark", "s3")
     if up.returncode != 0:
@@ -55,6 +57,8 @@ def cluster(stack: Stack) -> Iterator[dict[str, str]]:
         started = [s for s in CLUSTER if s not in running]
         if started:
             stack_cli("down", *started)
+        if "spark-worker-2" in running:
+            stack_cli("up", "spark-worker-2")
 
 
 @pytest.fixture
@@ -121,6 +125,10 @@ def test_consumer_on_the_cluster_with_the_lake_on_s3_survives_a_lost_worker(
                 # Many batches, so that some remain when the worker goes.
                 "WALBRIDGE_MAX_OFFSETS_PER_TRIGGER": "1000",
             }
+            # The test command's Ivy cache (deploy/local/lib/python-env.sh), as in
+            # tests/e2e/harness.py: without it a fresh clone's consumer resolved and downloaded
+            # the connector jars (617 MB with the S3A ones) into its own .walbridge/ivy2.
+            | {k: v for k, v in os.environ.items() if k == "WALBRIDGE_SPARK_IVY_DIR"}
         )
         log_path = tmp_path / "consumer.log"
         with log_path.open("wb") as log:
@@ -186,4 +194,3 @@ def test_consumer_on_the_cluster_with_the_lake_on_s3_survives_a_lost_worker(
         if producer.proc is not None and producer.proc.poll() is None:
             producer.stop()
         source.drop()
-        stack_cli("up", "spark-worker-2")

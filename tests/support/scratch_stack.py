@@ -51,6 +51,14 @@ def download_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "walbridge"
 
 
+def session_venv() -> Path:
+    """The test command's virtualenv (deploy/local/lib/python-env.sh: $WALBRIDGE_HOME/venv)."""
+    home = Path(
+        os.environ.get("WALBRIDGE_HOME") or Path(__file__).resolve().parents[2] / ".walbridge"
+    )
+    return home / "venv"
+
+
 class ScratchStack:
     def __init__(self, home: Path, **settings: str) -> None:
         self.home = home
@@ -58,6 +66,15 @@ class ScratchStack:
         self.env.update(
             WALBRIDGE_HOME=str(home), WALBRIDGE_DOWNLOADS=str(download_cache()), **settings
         )
+        # `stack up` runs the project's Python for some steps (the secure stack's Kafka ACLs,
+        # the Spark workers' distribution) from $WALBRIDGE_HOME/venv, and installs one there if
+        # there is none: a whole `pip install -e .[dev]` per scratch stack, over a minute of the
+        # secure stack's start here. The session's own venv, installed from the same
+        # pyproject.toml (python-env.sh checks its stamp), serves instead.
+        venv, link = session_venv(), home / "venv"
+        if (venv / ".walbridge-installed").is_file() and not link.exists():
+            home.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(venv.resolve(), target_is_directory=True)
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
