@@ -404,7 +404,7 @@ class Run:
         result = CycleResult(cycle.number, [f.label() for f in cycle.faults], cycle.at_s)
         result.kinds = list(tc.cycle_kinds([f.kind.value for f in cycle.faults]))
         log(f"cycle {cycle.number}: {', '.join(result.faults)} at +{cycle.at_s:.1f}s")
-        if cycle.schema_change and not any(f.kind is tc.Kind.REGISTRY_STOP for f in cycle.faults):
+        if cycle.schema_change and not any(tc.needs_registry(f) for f in cycle.faults):
             result.schema_change = self.workload.add_column()
         time.sleep(max(0.0, start + cycle.at_s - time.monotonic()))
         rows, result.waited_for_batch_s = self.wait_for_batch(cycle.number)
@@ -443,9 +443,16 @@ class Run:
         if kind in tc.NETWORK_FAULTS:
             if self.links is None:
                 raise RuntimeError(f"{fault.label()}: the run has no proxies")
+            held = time.monotonic()
+            detail: dict[str, Any] = {
+                "network": tc.NETWORK_FAULTS[kind], "link": fault.link, "held_s": fault.hold_s,
+            }  # fmt: skip
             with self.links.fault(tc.NETWORK_FAULTS[kind], fault.link):
-                time.sleep(fault.hold_s)
-            return {"network": tc.NETWORK_FAULTS[kind], "link": fault.link, "held_s": fault.hold_s}
+                if tc.needs_registry(fault):
+                    # A new column while the producer's registry link is cut: it needs it.
+                    detail["column"] = result.schema_change = self.workload.add_column()
+                time.sleep(max(0.0, held + fault.hold_s - time.monotonic()))
+            return detail
         if kind is tc.Kind.PRODUCER_KILL:
             assert self.producer.proc is not None
             if self.producer.proc.poll() is None:

@@ -138,6 +138,12 @@ def _fault(rnd: random.Random, kind: Kind, seconds_per_cycle: float) -> Fault:
     return Fault(kind)
 
 
+def needs_registry(fault: Fault) -> bool:
+    """Whether ``fault`` cuts the producer off its registry: a column is then added while it
+    lasts (and not at the cycle's start), so that the producer must register a schema then."""
+    return fault.kind is Kind.REGISTRY_STOP or fault.link == "producer_registry"
+
+
 def parse_faults(text: str) -> tuple[str, ...]:
     """``--faults``: comma-separated kinds (values of Kind, or "double"); empty items ignored."""
     chosen = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))

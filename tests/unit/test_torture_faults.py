@@ -208,3 +208,10 @@ def test_summary_line_keeps_its_form_and_gains_the_per_kind_figures() -> None:
     # No uncounted cycle: not mentioned; no recovery: None.
     quiet = tc.summary_line({**report, "cycles_uncounted": 0, "longest_recovery_s": None})
     assert " uncounted=" not in quiet and quiet.endswith("longest_recovery_s=None")
+
+
+def test_a_column_is_added_while_the_registry_is_cut_off() -> None:
+    assert tc.needs_registry(tc.Fault(tc.Kind.REGISTRY_STOP, stop_s=9.0))
+    assert tc.needs_registry(tc.Fault(tc.Kind.NET_PARTITION, link="producer_registry", hold_s=5))
+    assert not tc.needs_registry(tc.Fault(tc.Kind.NET_PARTITION, link="producer_kafka", hold_s=5))
+    assert not tc.needs_registry(tc.Fault(tc.Kind.POSTGRES_CRASH))
