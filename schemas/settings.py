@@ -73,6 +73,8 @@ LOCAL_STACK: Final = frozenset({
     "WALBRIDGE_KAFKA_BROKERS",
     # a fault-injecting proxy in front of the one broker (tests/support/toxiproxy_stack.py)
     "WALBRIDGE_KAFKA_ADVERTISED_PORT",
+    # two proxied listeners per broker for the torture run's network faults (toxiproxy_stack.py)
+    "WALBRIDGE_KAFKA_PROXIED_PORT",
     # deploy/local/debezium-server (the side-by-side benchmark): a Java 21+ binary
     "WALBRIDGE_DEBEZIUM_JAVA",
     # `WALBRIDGE_STACK_SECURE=1 stack up`: TLS, SASL, ACLs (on topics, ids and groups with the

@@ -43,6 +43,16 @@ def progress_rows(lake: str) -> list[dict[str, Any]]:
     return rows
 
 
+def progress_row_count(lake: str) -> int:
+    """How many rows (applied batches) the progress table holds (0 before the first batch)."""
+    try:
+        dt = DeltaTable(f"{lake.rstrip('/')}/_walbridge/progress")
+    except Exception:  # no table yet
+        return 0
+    table = QueryBuilder().register("p", dt).execute("SELECT count(*) AS n FROM p").read_all()
+    return int(table.column("n")[0].as_py())
+
+
 def latest_commit_lsn(lake: str) -> int | None:
     """The newest progress row's commit_lsn (None before the first batch)."""
     try:

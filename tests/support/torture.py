@@ -10,12 +10,19 @@ changes, including of rows whose TOASTed value stays unchanged), docs are rewrit
 then a column is added. The invariant (torture_checks.invariant_violation) holds at every
 transaction boundary.
 
-Faults (torture_checks.schedule): kill -9 of the producer; kill -9 of the consumer's process
-group while a MERGE writes its files or while the progress row is written (aimed by watching the
-lake's directories, see aim_consumer_kill); kill -9 of a Kafka broker (any, the marker topic's leader,
-or the producer's transaction coordinator); the registry stopped for longer than the producer's
-retry interval (with a column added meanwhile, so the producer needs it); PostgreSQL
-``pg_ctl stop -m immediate`` then start; two of these at once.
+Faults (torture_checks.schedule, one line each in torture_checks.KIND_HELP): kill -9 of the
+producer; kill -9 of the consumer's process group while a MERGE writes its files or while the
+progress row is written (aimed by watching the lake's directories, see aim_consumer_kill); kill -9
+of a Kafka broker (any, the marker topic's leader, or the producer's transaction coordinator); the
+registry stopped for longer than the producer's retry interval (with a column added meanwhile, so
+the producer needs it); PostgreSQL ``pg_ctl stop -m immediate`` then start; network faults held
+for a while on one link through Toxiproxy (latency and jitter, a bandwidth limit, connections
+reset, a silent half-open link, a partition; tests/support/network_faults.py and
+toxiproxy_stack.torture_links: producer <-> PostgreSQL, registry, Kafka and consumer <-> Kafka,
+the brokers reached through proxied listeners of their own); two of these at once. Before it
+strikes, a fault waits for the consumer's next batch since the previous fault (a cycle counts
+only with one); the report gives per kind the cycles, recovery p50/p99/max, the batches
+committed after its faults and their progress snapshots checked.
 
 Checks after the load stops and the lake caught up: ``spark_consumer verify`` equal; the
 invariant in every progress snapshot, read with delta-rs; every transaction's events in Kafka
@@ -41,18 +48,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 from psycopg import sql as pgsql
 
 from schemas.topics import table_topic, transaction_topic
-from tests.support import lake_reader
+from tests.support import lake_reader, toxiproxy_stack
 from tests.support import torture_checks as tc
 from tests.support.producer_harness import ProducerProcess, Source, TopicReader, query, unique
+from tests.support.scratch_stack import free_block, port_free
 from tests.support.torture_services import (
     ROOT,
     ConsumerProcess,
@@ -63,6 +72,8 @@ from tests.support.torture_services import (
     log,
 )
 from tests.support.torture_workload import TOTAL, Workload
+from tests.support.toxiproxy_server import toxiproxy_server
+from tests.support.toxiproxy_stack import TortureLinks
 
 
 def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, Any]:
@@ -84,9 +95,15 @@ def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, A
 
     violations: list[str] = []
     if not (lake / "_walbridge" / "progress" / "_delta_log").is_dir():
-        return {"checked": 0, "table_versions_read": 0, "violations": ["no progress table"]}
+        return {
+            "checked": 0,
+            "checked_positions": [],
+            "table_versions_read": 0,
+            "violations": ["no progress table"],
+        }
     rows = lake_reader.progress_rows(str(lake))
-    for row in rows:
+    checked: list[int] = []  # positions (in batch order) of the rows whose state was read
+    for position, row in enumerate(rows):
         v = row["table_versions"]
         (checking, c_rows), (savings, s_rows), (history, h_rows) = (
             money(t, v) for t in ("checking", "savings", "history")
@@ -95,7 +112,13 @@ def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, A
         problem = tc.invariant_violation(sums, total)
         if problem is not None:
             violations.append(f"batch {row['batch_id']} {v}: {problem}")
-    return {"checked": len(rows), "table_versions_read": len(cache), "violations": violations}
+        checked.append(position)
+    return {
+        "checked": len(checked),
+        "checked_positions": checked,
+        "table_versions_read": len(cache),
+        "violations": violations,
+    }
 
 
 class RecoveryWatcher(threading.Thread):
@@ -147,6 +170,9 @@ class Options:
     trigger: str = "3 seconds"
     recovery_timeout_s: float = 600.0
     aim_timeout_s: float = 90.0
+    # A fault waits this long for the consumer's next batch since the previous fault (a cycle
+    # counts only with one), then strikes anyway; 0: strike on schedule.
+    commit_wait_s: float = 600.0
     work_dir: Path | None = None
     keep: bool = False
     check_only: bool = False  # only the checks, on what a run left in work_dir
@@ -161,6 +187,11 @@ class CycleResult:
     details: list[dict[str, Any]] = field(default_factory=list)
     recovery_s: float | None = None
     error: str | None = None
+    kinds: list[str] = field(default_factory=list)  # the faults' kinds ("double" for two)
+    counted: bool = True  # a new progress row since the previous fault, when this one struck
+    waited_for_batch_s: float = 0.0  # how long the fault waited for that row
+    progress_rows_at_fault: int = 0
+    progress_rows_after_fault: int = 0
 
 
 class Run:
@@ -178,6 +209,10 @@ class Run:
         self.work.mkdir(parents=True, exist_ok=True)
         self.lake = self.work / "lake"
         self.workload = Workload(self.dsn, name, options.seed, options.workers, options.pause_s)
+        self.links: TortureLinks | None = None  # the proxies, when a network fault can strike
+        self.exits = ExitStack()
+        self.rows_after_fault = 0  # progress rows when the previous fault was over
+        self.rows_at_load_stop: int | None = None
 
     # The services as the run found them: the check is that they all run and that the Kafka
     # cluster has the brokers the stack's setting says.
@@ -202,7 +237,9 @@ class Run:
             k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_") or k in keep
         }
         return inherited | {
-            "WALBRIDGE_KAFKA_BOOTSTRAP": self.kafka,
+            "WALBRIDGE_KAFKA_BOOTSTRAP": (
+                self.links.consumer_kafka_bootstrap if self.links else self.kafka
+            ),
             "WALBRIDGE_SCHEMA_REGISTRY_URL": self.registry,
             "WALBRIDGE_TOPIC_PREFIX": self.source.prefix,
             "WALBRIDGE_LAKE_PATH": str(self.lake),
@@ -216,18 +253,66 @@ class Run:
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
+    def kafka_proxied_base(self) -> int:
+        """The first port of the brokers' proxied listeners (deploy/local/stack's
+        WALBRIDGE_KAFKA_PROXIED_PORT). Brokers that run without them, or with ports whose
+        proxies can't listen, are restarted with new ones first (once per stack)."""
+        # Quiet (log_level 2): the restart below would fill the log with its reconnects.
+        admin = AdminClient({"bootstrap.servers": self.kafka, "log_level": 2})
+        nodes = range(1, self.stack.brokers + 1)
+        resources = [ConfigResource(ConfigResource.Type.BROKER, str(n)) for n in nodes]
+        bases = set()
+        for resource, future in admin.describe_configs(resources, request_timeout=30).items():
+            advertised = future.result(timeout=60)["advertised.listeners"].value or ""
+            found = re.search(r"PROXIED_A://[^,]*:(\d+)", advertised)
+            node = int(resource.name)
+            bases.add(None if found is None else int(found.group(1)) - 4 * (node - 1))
+        if len(bases) == 1 and (base := bases.pop()) is not None:
+            ports = [
+                toxiproxy_stack.kafka_proxied_ports(base, n, k)[0] for n in nodes for k in (0, 1)
+            ]
+            if all(port_free(p) for p in ports):
+                self.stack.env["WALBRIDGE_KAFKA_PROXIED_PORT"] = str(base)
+                return base
+        base = free_block(toxiproxy_stack.KAFKA_PORTS_PER_BROKER * self.stack.brokers)
+        self.stack.env["WALBRIDGE_KAFKA_PROXIED_PORT"] = str(base)
+        log(f"restarting the broker(s) with proxied listeners from port {base}")
+        started = time.monotonic()
+        self.stack.run("down", *self.stack.kafka_services)
+        self.stack.run("up", *self.stack.kafka_services)
+        log(f"broker(s) back with proxied listeners in {time.monotonic() - started:.1f}s")
+        return base
+
+    def start_links(self) -> None:
+        """Toxiproxy between every client and server (tests/support/toxiproxy_stack.py)."""
+        base = self.kafka_proxied_base()
+        api = self.exits.enter_context(toxiproxy_server(self.work))
+        self.links = self.exits.enter_context(
+            toxiproxy_stack.torture_links(api, self.dsn, self.registry, base, self.stack.brokers)
+        )
+        log(f"network faults through Toxiproxy on {api.host}:{api.port}: {', '.join(tc.LINKS)}")
+
     def execute(self) -> dict[str, Any]:
+        with self.exits:
+            return self._execute()
+
+    def _execute(self) -> dict[str, Any]:
         self.check_stack()
         plan = tc.schedule(self.o.seed, self.o.cycles, self.o.seconds_per_cycle, self.o.faults)
+        if tc.needs_network(self.o.faults):
+            self.start_links()
         self.workload.create()
         self.source = Source.create(self.dsn, self.workload.tables, "torture")
+        links = self.links
         self.producer = ProducerProcess(
             self.source,
-            self.kafka,
-            self.registry,
+            links.producer_kafka_bootstrap if links else self.kafka,
+            links.producer_registry_url if links else self.registry,
             topic_partitions=3,
             idle_after_s=0.5,
         )
+        if links:
+            self.producer.env["WALBRIDGE_PG_DSN"] = links.producer_pg_dsn
         self.producer.log_path = self.work / "producer.log"
         self.consumer = ConsumerProcess(self.consumer_env(), self.work / "consumer.log")
         state = {"schema": self.workload.schema, **asdict(self.source), "options": repr(self.o)}
@@ -253,11 +338,14 @@ class Run:
                 self.save_cycles(results)
             log("load stops; waiting for the lake to catch up")
             self.workload.stop()
+            self.rows_at_load_stop = self.progress_rows()
             catch_up = self.catch_up()
             self.recovery.poll()
             self.save_cycles(results)
         finally:
             self.recovery.stopping.set()
+            if self.links is not None:
+                self.links.heal()  # a fault left on after a failure must not hold the catch-up
             self.workload.stop()
             self.supervisor.stopping.set()
             self.supervisor.join(120)
@@ -284,13 +372,44 @@ class Run:
         plan = tc.schedule(self.o.seed, self.o.cycles, self.o.seconds_per_cycle, self.o.faults)
         return self.check(plan, results, catch_up=None)
 
+    def progress_rows(self) -> int:
+        """The progress table's rows now (its log may be mid-write: read again)."""
+        for _ in range(20):
+            try:
+                return lake_reader.progress_row_count(str(self.lake))
+            except Exception:
+                time.sleep(0.25)
+        raise RuntimeError(f"could not read the progress table of {self.lake}")
+
+    def wait_for_batch(self, number: int) -> tuple[int, float]:
+        """Before a fault: wait (up to --commit-wait-s) until the consumer committed a batch
+        since the previous fault. Returns the progress rows then and how long it waited."""
+        started = time.monotonic()
+        rows = self.progress_rows()
+        if tc.counts(rows, self.rows_after_fault) or self.o.commit_wait_s <= 0:
+            return rows, 0.0
+        log(f"cycle {number}: no batch since the last fault; waiting for one (up to "
+            f"{self.o.commit_wait_s:.0f}s)")  # fmt: skip
+        while time.monotonic() - started < self.o.commit_wait_s:
+            time.sleep(0.5)
+            rows = self.progress_rows()
+            if tc.counts(rows, self.rows_after_fault):
+                break
+        waited = round(time.monotonic() - started, 1)
+        log(f"cycle {number}: waited {waited}s for a batch")
+        return rows, waited
+
     def cycle(self, cycle: tc.Cycle) -> CycleResult:
         start = time.monotonic()
         result = CycleResult(cycle.number, [f.label() for f in cycle.faults], cycle.at_s)
+        result.kinds = list(tc.cycle_kinds([f.kind.value for f in cycle.faults]))
         log(f"cycle {cycle.number}: {', '.join(result.faults)} at +{cycle.at_s:.1f}s")
-        if cycle.schema_change and not any(f.kind is tc.Kind.REGISTRY_STOP for f in cycle.faults):
+        if cycle.schema_change and not any(tc.needs_registry(f) for f in cycle.faults):
             result.schema_change = self.workload.add_column()
         time.sleep(max(0.0, start + cycle.at_s - time.monotonic()))
+        rows, result.waited_for_batch_s = self.wait_for_batch(cycle.number)
+        result.progress_rows_at_fault = rows
+        result.counted = tc.counts(rows, self.rows_after_fault)
         lsn = self.current_lsn()
         struck = time.monotonic()
         details: list[dict[str, Any]] = [{} for _ in cycle.faults]
@@ -308,6 +427,7 @@ class Run:
         for t in threads:
             t.join()
         result.details = details
+        result.progress_rows_after_fault = self.rows_after_fault = self.progress_rows()
         if errors:
             result.error = "; ".join(errors)
             log(f"cycle {cycle.number}: {result.error}")
@@ -320,6 +440,19 @@ class Run:
 
     def strike(self, fault: tc.Fault, cycle: tc.Cycle, result: CycleResult) -> dict[str, Any]:
         kind = fault.kind
+        if kind in tc.NETWORK_FAULTS:
+            if self.links is None:
+                raise RuntimeError(f"{fault.label()}: the run has no proxies")
+            held = time.monotonic()
+            detail: dict[str, Any] = {
+                "network": tc.NETWORK_FAULTS[kind], "link": fault.link, "held_s": fault.hold_s,
+            }  # fmt: skip
+            with self.links.fault(tc.NETWORK_FAULTS[kind], fault.link):
+                if tc.needs_registry(fault):
+                    # A new column while the producer's registry link is cut: it needs it.
+                    detail["column"] = result.schema_change = self.workload.add_column()
+                time.sleep(max(0.0, held + fault.hold_s - time.monotonic()))
+            return detail
         if kind is tc.Kind.PRODUCER_KILL:
             assert self.producer.proc is not None
             if self.producer.proc.poll() is None:
@@ -471,6 +604,17 @@ class Run:
         snapshots = self.snapshots()
         ends = self.kafka_events()
         recoveries = [r.recovery_s for r in results if r.recovery_s is not None]
+        at_next = [r.progress_rows_at_fault for r in results[1:]]
+        at_next.append(
+            self.rows_at_load_stop if self.rows_at_load_stop is not None else snapshots["checked"]
+        )
+        figures = [
+            tc.CycleFigures(
+                tuple(r.kinds), r.counted, r.recovery_s, r.progress_rows_at_fault, next_rows
+            )
+            for r, next_rows in zip(results, at_next, strict=True)
+        ]
+        counted = sum(1 for r in results if r.counted)
         aims = [d for r in results for d in r.details if "aimed" in d]
         errors = [f"cycle {r.number}: {r.error}" for r in results if r.error]
         errors += [f"cycle {r.number}: never recovered" for r in results if r.recovery_s is None]
@@ -485,10 +629,14 @@ class Run:
         report: dict[str, Any] = {
             "passed": passed,
             "seed": self.o.seed,
-            "cycles": len(results),
+            "cycles": counted,  # the cycles that count (a batch committed since the last fault)
+            "cycles_run": len(results),
+            "cycles_uncounted": len(results) - counted,
             "seconds_per_cycle": self.o.seconds_per_cycle,
+            "faults_chosen": list(self.o.faults),
             "brokers": self.stack.brokers,
             "faults_by_kind": tc.faults_by_kind(plan[: len(results)]),
+            "per_kind": tc.per_kind(figures, snapshots["checked_positions"]),
             "transactions": ends.transactions,
             "events": ends.events,
             "rows": self.rows(),
@@ -497,6 +645,7 @@ class Run:
             "diverged": verified["diverged"],
             "verify_equal": verified["equal"],
             "snapshots_checked": snapshots["checked"],
+            "progress_rows_at_load_stop": self.rows_at_load_stop,
             "table_versions_read": snapshots["table_versions_read"],
             "invariant_violations": len(snapshots["violations"]),
             "end_mismatches": ends.problem_count,
@@ -546,10 +695,15 @@ def run(options: Options, stack_env: dict[str, str] | None = None) -> dict[str, 
 
 
 def parse(argv: list[str]) -> Options:
+    width = max(len(k) for k in tc.KIND_HELP)
     p = argparse.ArgumentParser(
         prog="deploy/local/torture",
         description="Faults drawn from a seed strike the running pipeline cycle after cycle; "
         "then nothing may be lost, diverged or half-visible in the lake.",
+        epilog="fault kinds (--faults; a network fault strikes one link, through Toxiproxy:\n"
+        f"{', '.join(tc.LINKS)}):\n"
+        + "\n".join(f"  {k:<{width}}  {h}" for k, h in tc.KIND_HELP.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--cycles", type=int, required=True)
     p.add_argument("--seconds-per-cycle", type=float, required=True)
@@ -558,7 +712,7 @@ def parse(argv: list[str]) -> Options:
     p.add_argument(
         "--faults",
         default=",".join(tc.CHOICES),
-        help=f"fault kinds to draw from, comma-separated (default all: {','.join(tc.CHOICES)})",
+        help="fault kinds to draw from, comma-separated (default: every kind; listed below)",
     )
     p.add_argument("--workers", type=int, default=2, help="load threads (default 2)")
     p.add_argument(
@@ -566,6 +720,13 @@ def parse(argv: list[str]) -> Options:
     )
     p.add_argument("--trigger", default="3 seconds", help="the consumer's trigger interval")
     p.add_argument("--recovery-timeout-s", type=float, default=600.0)
+    p.add_argument(
+        "--commit-wait-s",
+        type=float,
+        default=600.0,
+        help="a fault first waits this long for the consumer's next batch since the previous "
+        "fault (a cycle counts only with one), then strikes anyway; 0: on schedule",
+    )
     p.add_argument(
         "--aim-timeout-s",
         type=float,
@@ -588,10 +749,14 @@ def parse(argv: list[str]) -> Options:
     a = p.parse_args(argv)
     if a.cycles < 1 or a.seconds_per_cycle <= 0:
         p.error("--cycles must be >= 1 and --seconds-per-cycle > 0")
+    try:
+        faults = tc.parse_faults(a.faults)
+    except ValueError as exc:
+        p.error(f"--faults: {exc}")
     return Options(
-        a.cycles, a.seconds_per_cycle, a.seed, a.report, tuple(a.faults.split(",")), a.workers,
-        a.pause_s, a.trigger, a.recovery_timeout_s, a.aim_timeout_s, a.work_dir, a.keep,
-        a.check_only,
+        a.cycles, a.seconds_per_cycle, a.seed, a.report, faults, a.workers,
+        a.pause_s, a.trigger, a.recovery_timeout_s, a.aim_timeout_s, a.commit_wait_s,
+        a.work_dir, a.keep, a.check_only,
     )  # fmt: skip
 
 

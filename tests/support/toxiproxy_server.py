@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.conftest import ROOT
 from tests.support.scratch_stack import free_block
 from tests.support.toxiproxy_client import ToxiproxyApi
 
+ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "deploy" / "local" / "install-toxiproxy"
 _START_TIMEOUT_S = 20.0
 
