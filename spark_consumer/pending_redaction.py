@@ -104,14 +104,24 @@ def redaction(schema_json: Any, opts: TableOptions) -> Redaction | None:
     return Redaction(schema, empties) if empties else None
 
 
-def redact(value: bytes, redactions: Mapping[int, Redaction]) -> bytes:
-    """The value with its schema's left-out fields emptied (unchanged when none are)."""
+def redact(value: bytes, redactions: Mapping[int, Redaction], where: str = "") -> bytes:
+    """The value with its schema's left-out fields emptied (unchanged when none are).
+    `where` names the record in an error (its topic, partition and offset)."""
     schema_id, body = split_frame(value)
     r = redactions.get(schema_id)
     if r is None:
         return value
-    record = schemaless_reader(io.BytesIO(body), r.schema, None)
-    assert isinstance(record, dict)
+    # Only records that decoded (the batch's usable ones) wait, so this read succeeds; if it
+    # ever does not, the batch stops here naming the record rather than keeping its values.
+    try:
+        record = schemaless_reader(io.BytesIO(body), r.schema, None)
+    except (EOFError, ValueError, IndexError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"record {where} (writer schema {schema_id}) cannot be re-encoded without its "
+            f"left-out columns: {exc!r}"
+        ) from exc
+    if not isinstance(record, dict):
+        raise ValueError(f"record {where} (writer schema {schema_id}) is not an envelope")
     for side in _ROW_SIDES:
         row = record.get(side)
         if row is not None:
@@ -133,10 +143,12 @@ def redacted(rows: DataFrame, by_topic: Mapping[str, Mapping[int, Redaction]]) -
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             topic = batch.column("topic").to_pylist()
+            partition = batch.column("partition").to_pylist()
+            offset = batch.column("offset").to_pylist()
             value = batch.column("value").to_pylist()
             out = [
-                v if v is None else redact(v, by_topic[t])
-                for t, v in zip(topic, value, strict=True)
+                v if v is None else redact(v, by_topic[t], f"{t}[{p}]@{o}")
+                for t, p, o, v in zip(topic, partition, offset, value, strict=True)
             ]
             i = batch.schema.get_field_index("value")
             yield batch.set_column(i, batch.schema.field(i), pa.array(out, pa.binary()))

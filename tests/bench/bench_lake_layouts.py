@@ -59,6 +59,12 @@ def main() -> None:
     ap.add_argument("--transactions", type=int, default=100_000)
     ap.add_argument("--accounts", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=2, help="timed runs of each layout")
+    ap.add_argument(
+        "--lake-maintenance-budget",
+        type=float,
+        help="the consumer's maintenance budget (default: the consumer's; 0: no maintenance "
+        "between batches, to see what it adds to each layout)",
+    )
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     dsn = os.environ["WALBRIDGE_PG_DSN"]
@@ -89,6 +95,11 @@ def main() -> None:
             p.wait_published(3600)
             p.producer.stop()
             changes = args.transactions * CHANGES_PER_TX + args.accounts + 110
+            maintenance = (
+                {}
+                if args.lake_maintenance_budget is None
+                else {"lake_maintenance_budget": args.lake_maintenance_budget}
+            )
 
             def run(layout: str, name: str) -> float:
                 lake = str(Path(tmp) / name / "lake")
@@ -98,6 +109,7 @@ def main() -> None:
                     lake_path=lake,
                     checkpoint_path=str(Path(tmp) / name / "checkpoint"),
                     lake_tables_config=layout_options(layout, tables),
+                    **maintenance,
                 )
                 took = time.perf_counter() - t0
                 proc.close()

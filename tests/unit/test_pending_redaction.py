@@ -123,3 +123,10 @@ def test_a_schema_that_keeps_every_field_needs_no_redaction() -> None:
 )
 def test_zero_of_each_kind_of_type(avro_type: Any, want: Any) -> None:
     assert zero(avro_type, {}) == want
+
+
+def test_a_body_that_does_not_decode_stops_naming_the_record() -> None:
+    r = redaction(ENVELOPE, TableOptions(except_columns=("ssn",)))
+    assert r is not None
+    with pytest.raises(ValueError, match=r"shop\.public\.customers\[0\]@9 \(writer schema 41\)"):
+        redact(header(41) + b"\x02", {41: r}, "shop.public.customers[0]@9")
