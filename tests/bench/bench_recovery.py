@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -191,6 +192,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    # The consumer runs in its own process group: a SIGTERM (`timeout`, Ctrl-C's cousin) must
+    # reach the `finally` below that stops it, not end this process with the consumer left.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     kafka = os.environ["WALBRIDGE_KAFKA_BOOTSTRAP"]
     registry = os.environ["WALBRIDGE_SCHEMA_REGISTRY_URL"]
