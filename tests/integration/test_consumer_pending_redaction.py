@@ -19,26 +19,23 @@ from tests.support.spark import KafkaLog, spark  # noqa: F401
 pytestmark = pytest.mark.integration
 
 SECRET = "078-05-1120-pending-secret"
-PEOPLE = TableSpec(
-    "public",
-    "people",
-    (
-        ColumnSpec("id", "long", "int8"),
-        ColumnSpec("name", "string", "text"),
-        ColumnSpec("ssn", "string", "text"),
-    ),
-    ("id",),
-)
-OTHER = TableSpec(  # same column names, no option: its values wait as they came
-    "public",
-    "other",
-    (
-        ColumnSpec("id", "long", "int8"),
-        ColumnSpec("name", "string", "text"),
-        ColumnSpec("ssn", "string", "text"),
-    ),
-    ("id",),
-)
+
+
+def _people_like(table: str) -> TableSpec:
+    return TableSpec(
+        "public",
+        table,
+        (
+            ColumnSpec("id", "long", "int8"),
+            ColumnSpec("name", "string", "text"),
+            ColumnSpec("ssn", "string", "text"),
+        ),
+        ("id",),
+    )
+
+
+PEOPLE = _people_like("people")
+OTHER = _people_like("other")  # the same columns, no option: its values wait as they came
 
 
 def _files_holding(root: Path, needle: bytes) -> list[str]:
