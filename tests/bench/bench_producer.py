@@ -46,7 +46,9 @@ import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_output import run_base, write_json
 from bench_replication import create_workload, drop_workload, generate, pg_dsn, time_recvlogical
+from plots import series_plot
 
 from producer.pgoutput import parse_lsn
 
@@ -236,6 +238,11 @@ def main() -> None:
     parser.add_argument("--exactly-once", choices=("on", "off", "both"), default="both")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the runs and medians here")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        help="default: $WALBRIDGE_BENCH_RESULTS or .walbridge/bench-results",
+    )
     args = parser.parse_args()
     tx_size, default_changes = SHAPES[args.shape]
     changes = args.changes or default_changes
@@ -282,9 +289,32 @@ def main() -> None:
         finally:
             drop_workload(db, schema, publication, [base])
     summary = summarize(args.shape, changes, transactions, results)
+    base = run_base(f"bench_producer-{args.shape}", args.results_dir)
+    print(f"results: {write_json(base, summary)}, {plot_runs(base, args.shape, results)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def plot_runs(base: Path, shape: str, results: list[Result]) -> Path:
+    """Producer / pg_recvlogical per run, one line per exactly-once mode, with the target: how
+    far the runs spread, which a median alone hides."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for exactly_once in (True, False):
+        ran = [r for r in results if r.exactly_once == exactly_once]
+        if ran:
+            label = f"exactly-once {'on' if exactly_once else 'off'}"
+            series[label] = [(i + 1, r.ratio) for i, r in enumerate(ran)]
+    n = max(len(points) for points in series.values())
+    series[f"target {TARGETS[shape]}"] = [(1, TARGETS[shape]), (n, TARGETS[shape])]
+    return series_plot(
+        base.with_name(base.name + "-runs.png"),
+        series,
+        title=f"producer / pg_recvlogical, shape {shape}, per run",
+        xlabel="run",
+        ylabel="ratio",
+        markers=True,
+    )
 
 
 def race(

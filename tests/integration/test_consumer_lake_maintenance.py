@@ -11,6 +11,7 @@ balances' sum, the bank's invariant).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -355,3 +356,77 @@ def test_kill_9_during_compaction_then_maintain_again(spark: SparkSession, tmp_p
     assert 2 <= accounts.figures.files <= 3  # the compacted file and the last batch's
     assert accounts.last_compaction_ms is not None and accounts.last_vacuum_ms is not None
     assert oldest_ms is not None
+
+
+def _operations(table: str) -> list[str]:
+    """Each commit's operation, in order, straight from the log's JSON (no Spark)."""
+    ops = []
+    for commit in sorted(Path(table, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            if '"commitInfo"' in line:
+                ops.append(json.loads(line)["commitInfo"]["operation"])
+    return ops
+
+
+def test_kill_9_during_vacuum_then_maintain_again(spark: SparkSession, tmp_path: Path) -> None:
+    """`maintain` killed (its whole process group) while its VACUUM of a table is deleting
+    files: what a killed writer left behind (files written, never committed: here 2,000 of
+    them, a month old, so deleting them takes long enough to be caught) is half deleted, the
+    lake still reads as the model at every progress row, and the next `maintain` finishes."""
+    b = bank(spark, tmp_path, "kill-vacuum", lake_maintenance_budget=0.0)
+    for _ in range(5):
+        b.batch()
+    junk_dir = Path(b.table)
+    month_ago = time.time() - 30 * 86400
+    junk = [junk_dir / f"part-{i:05d}-killed-writer.c000.snappy.parquet" for i in range(2_000)]
+    for p in junk:
+        p.touch()
+        os.utime(p, (month_ago, month_ago))
+
+    def left() -> int:
+        return sum(
+            1 for e in os.scandir(junk_dir) if e.name.endswith("-killed-writer.c000.snappy.parquet")
+        )
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_HELPER")} | {
+        "WALBRIDGE_LAKE_PATH": b.config.lake_path
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_consumer", "maintain"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the kill reaches the JVM too
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and left() == len(junk):
+            time.sleep(0.01)
+        assert proc.poll() is None, "maintain ended before the kill"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    remaining = left()
+    # Killed inside the VACUUM: it had started deleting (and logged its start), not finished.
+    assert 0 < remaining < len(junk), remaining
+    ops = _operations(b.table)
+    assert ops[-1] == "VACUUM START", ops[-3:]
+    for batch_id in range(b.batches):
+        b.check_read(
+            consistent_read.read_at(
+                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
+            )
+        )
+    lines = maintain(spark, MaintainConfig(lake_path=b.config.lake_path))
+    assert "bank/accounts: vacuumed" in lines, lines
+    assert left() == 0
+    assert _operations(b.table)[-2:] == ["VACUUM START", "VACUUM END"]
+    b.batch()  # and the consumer goes on
+    for batch_id in range(b.batches):
+        b.check_read(
+            consistent_read.read_at(
+                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
+            )
+        )
