@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -200,14 +201,24 @@ def run(spark: SparkSession, args: argparse.Namespace, maintenance: bool) -> dic
     merge_s: list[float] = []
     files: list[tuple[float, float]] = []
     points: dict[str, dict[str, Any]] = {}
+    began = last_print = time.monotonic()
     for n in range(args.batches):
         seconds.append(soak.batch(n))
         merge_s.append(soak.processor.reports[-1].steps.get("merge", 0.0))
         files.append((n, snapshot_files(soak)))
         if n == args.baseline or n == args.batches - 1:
             points["base" if n == args.baseline else "end"] = snapshot(soak, n)
-        if n and n % 500 == 0:
-            print(f"{'on' if maintenance else 'off'}: batch {n}, {seconds[-1]:.2f}s", flush=True)
+        if time.monotonic() - last_print >= 30 or n == args.batches - 1:
+            last_print = time.monotonic()
+            rate = (n + 1) / (last_print - began)
+            recent = seconds[-WINDOW:]
+            print(
+                f"{'on' if maintenance else 'off'}: batch {n + 1:,}/{args.batches:,}, "
+                f"{rate:.2f} batches/s, last {len(recent)} p50 {statistics.median(recent):.2f}s, "
+                f"files {files[-1][1]:.0f}, ETA {(args.batches - n - 1) / rate / 60:.0f} min, "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     base, end = points["base"], points["end"]
 
     def window(values: list[float], at: int) -> list[float]:
