@@ -1,5 +1,5 @@
 """A 3-cycle torture run (deploy/local/torture, tests/support/torture.py) against the real stack,
-one fault of each family (seed 16830's plan, every kind in the draw): a 6 s partition of the
+one fault of each family (those three kinds chosen; seed 48053 orders them): a 6 s partition of the
 consumer's link to Kafka (Toxiproxy, through the brokers' proxied listeners), a PostgreSQL crash
 (pg_ctl stop -m immediate, then start) and a kill -9 of the consumer aimed at a MERGE, with a
 column added on the way. Every cycle must count (the consumer committed a batch since the
@@ -21,7 +21,8 @@ from tests.support import torture_checks as tc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.torture]
 
-SEED = 16830
+SEED = 48053
+FAULTS = ("net_partition", "postgres_crash", "consumer_kill_merge")
 CYCLES = 3
 SECONDS_PER_CYCLE = 20.0
 
@@ -29,7 +30,7 @@ SECONDS_PER_CYCLE = 20.0
 def test_three_torture_cycles_lose_nothing(stack: Stack, tmp_path: Path) -> None:
     if not stack.managed:
         pytest.fail("the torture run kills and restarts services: it needs the tests' own stack")
-    plan = tc.schedule(SEED, CYCLES, SECONDS_PER_CYCLE)
+    plan = tc.schedule(SEED, CYCLES, SECONDS_PER_CYCLE, FAULTS)
     faults = [c.faults for c in plan]
     assert all(len(f) == 1 for f in faults)
     kinds = [f[0].kind for f in faults]
@@ -41,6 +42,7 @@ def test_three_torture_cycles_lose_nothing(stack: Stack, tmp_path: Path) -> None
             cycles=CYCLES,
             seconds_per_cycle=SECONDS_PER_CYCLE,
             seed=SEED,
+            faults=FAULTS,
             report=tmp_path / "torture.json",
             work_dir=tmp_path / "work",
             # Generous bounds, spent only when the machine is slow: at a load average of 45 a
@@ -69,6 +71,6 @@ def test_three_torture_cycles_lose_nothing(stack: Stack, tmp_path: Path) -> None
         assert figures["cycles"] == 1, (kind, figures)
         assert figures["recovery_max_s"] is not None, (kind, figures)
     partition = report["cycle_results"][0]["details"][0]
-    assert partition == {"network": "partition", "link": "consumer_kafka", "held_s": 6.1}
+    assert partition == {"network": "partition", "link": "consumer_kafka", "held_s": 6.2}
     assert "per_kind[" in report["summary"] and "longest_recovery_s=" in report["summary"]
     assert report["passed"], report["summary"]

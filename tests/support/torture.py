@@ -712,7 +712,7 @@ def parse(argv: list[str]) -> Options:
     p.add_argument(
         "--faults",
         default=",".join(tc.CHOICES),
-        help="fault kinds to draw from, comma-separated (default: every kind; listed below)",
+        help="fault kinds to strike, comma-separated, each as often as the others (default: every kind; listed below)",
     )
     p.add_argument("--workers", type=int, default=2, help="load threads (default 2)")
     p.add_argument(

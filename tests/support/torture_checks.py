@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -177,24 +177,63 @@ def schedule(
 ) -> list[Cycle]:
     """The whole run's faults, a function of the seed alone (same seed, same run plan).
 
-    ``choices``: fault kinds (values of Kind, or "double") to draw from, each equally likely.
-    A double fault is two different kinds of ``double_kinds(choices)`` struck together."""
+    ``choices``: fault kinds (values of Kind, or "double") to strike. A double fault is two
+    different kinds of ``double_kinds(choices)`` struck together. The draw is balanced, not
+    independent: every kind is struck as often as every other, to within one (a kind struck
+    inside a double counts, as in ``faults_by_kind``), so that a run of N cycles strikes each
+    of K kinds about N/K times rather than leaving one out by chance. 50 cycles over all 11
+    kinds and doubles: 5 doubles, every kind exactly 5 times. The seed orders the cycles and
+    draws each fault's details (which broker, which link, how long)."""
     unknown = set(choices) - set(CHOICES)
     if unknown or not choices:
         raise ValueError(f"unknown fault kind(s) {sorted(unknown)}; choose from {CHOICES}")
     rnd = random.Random(seed)
-    pairs = double_kinds(choices)
-    plan: list[Cycle] = []
-    for n in range(1, cycles + 1):
-        choice = rnd.choice(list(choices))
-        if choice == DOUBLE:
-            kinds = rnd.sample(pairs, 2)
-            faults = tuple(_fault(rnd, k, seconds_per_cycle) for k in kinds)
-        else:
-            faults = (_fault(rnd, Kind(choice), seconds_per_cycle),)
-        at = round(rnd.uniform(0.2, 0.6) * seconds_per_cycle, 2)
-        plan.append(Cycle(n, at, faults, schema_change=rnd.random() < 0.25))
-    return plan
+    plan = [
+        tuple(_fault(rnd, k, seconds_per_cycle) for k in kinds)
+        for kinds in _balanced_kinds(rnd, cycles, choices)
+    ]
+    rnd.shuffle(plan)
+    return [
+        Cycle(
+            n,
+            round(rnd.uniform(0.2, 0.6) * seconds_per_cycle, 2),
+            faults,
+            schema_change=rnd.random() < 0.25,
+        )
+        for n, faults in enumerate(plan, start=1)
+    ]
+
+
+def _balanced_kinds(
+    rnd: random.Random, cycles: int, choices: Sequence[str]
+) -> list[tuple[Kind, ...]]:
+    """Each cycle's kinds (one, or two for a double), dealt round-robin from one shuffled order
+    of the kinds: singles first, then the doubles' pairs from the same deal when they draw from
+    the same kinds, so the counts stay within one of each other and a pair (two consecutive
+    deals of at least two kinds) never repeats a kind."""
+    singles = [Kind(c) for c in choices if c != DOUBLE]
+    pairs = list(double_kinds(choices))
+    if DOUBLE not in choices:
+        doubles = 0
+    elif not singles:
+        doubles = cycles
+    elif pairs == singles:
+        # As many doubles as each kind's share of the strikes: d = (cycles + d) / len(kinds).
+        doubles = round(cycles / max(len(singles) - 1, 2))
+    else:  # a lone single kind, doubles of all kinds: each choice equally often
+        doubles = round(cycles / (len(singles) + 1))
+    doubles = min(doubles, cycles)
+
+    def deal(kinds: list[Kind]) -> Iterator[Kind]:
+        order = rnd.sample(kinds, len(kinds))
+        while True:
+            yield from order
+
+    single_deal = deal(singles) if singles else iter(())
+    pair_deal = single_deal if pairs == singles else deal(pairs)
+    out: list[tuple[Kind, ...]] = [(next(single_deal),) for _ in range(cycles - doubles)]
+    out += [(next(pair_deal), next(pair_deal)) for _ in range(doubles)]
+    return out
 
 
 def java_string_hash(text: str) -> int:

@@ -32,6 +32,47 @@ def test_schedule_draws_every_kind_and_doubles_of_two_different_kinds() -> None:
     assert any(c.schema_change for c in plan) and not all(c.schema_change for c in plan)
 
 
+def test_fifty_cycles_strike_every_kind_five_times() -> None:
+    """Issue 41's run: 50 cycles, every kind at least 5 times (a kind struck inside a double
+    counts): 5 doubles and exactly 5 of each, whatever the seed."""
+    for seed in range(50):
+        counts = tc.faults_by_kind(tc.schedule(seed, 50, 60.0))
+        assert counts == {c: 5 for c in tc.CHOICES}, (seed, counts)
+
+
+@pytest.mark.parametrize("cycles", [1, 3, 7, 12, 13, 37, 100])
+@pytest.mark.parametrize(
+    "choices",
+    [
+        tc.CHOICES,
+        tuple(k.value for k in tc.SINGLE_KINDS),  # no doubles
+        ("net_partition", "postgres_crash", "consumer_kill_merge"),
+        ("producer_kill", "broker_kill", tc.DOUBLE),  # doubles of the two chosen kinds
+        ("postgres_crash", tc.DOUBLE),  # one kind: doubles draw from all
+        (tc.DOUBLE,),
+    ],
+)
+def test_the_draw_is_balanced_and_a_double_never_repeats_a_kind(
+    cycles: int, choices: tuple[str, ...]
+) -> None:
+    plan = tc.schedule(5, cycles, 20.0, choices)
+    assert len(plan) == cycles
+    assert all(len({f.kind for f in c.faults}) == len(c.faults) for c in plan)
+    singles = [c for c in choices if c != tc.DOUBLE]
+    struck = tc.faults_by_kind(plan)
+    pairs = {k.value for k in tc.double_kinds(choices)}
+    if set(singles) == pairs or tc.DOUBLE not in choices:
+        # One deal over the chosen kinds, doubles' pairs included: within one of each other.
+        counts = [struck.get(k, 0) for k in singles]
+        assert max(counts) - min(counts) <= 1, struck
+    if tc.DOUBLE not in choices:
+        assert tc.DOUBLE not in struck
+    elif not singles:
+        assert struck[tc.DOUBLE] == cycles
+    else:
+        assert struck.get(tc.DOUBLE, 0) >= cycles // (len(singles) + 1) - 1, struck
+
+
 def test_schedule_restricted_to_chosen_kinds() -> None:
     plan = tc.schedule(3, 20, 10.0, ["postgres_crash"])
     assert {f.kind for c in plan for f in c.faults} == {tc.Kind.POSTGRES_CRASH}
