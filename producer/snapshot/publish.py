@@ -32,7 +32,9 @@ def publish_rows(
     encode = codec.encode_row_key
     # The compiled COPY text twin (the careful path: split into values, then encode; it
     # raises the precise error where the twin gives up).
-    fast = copy_encoder(codec.encode_row if codec.encode_key is None else encode, fields)
+    fast = None
+    if window.encoded is None:
+        fast = copy_encoder(codec.encode_row if codec.encode_key is None else encode, fields)
     keyed = route.shape.keyed
     changed = window.changed
     toast = window.toast
@@ -55,13 +57,16 @@ def publish_rows(
             kept += len(out) - 1
             out = out[-1:]
         keep = out.append
-        for line in lines:
-            encoded = fast(line) if fast is not None else None
-            if encoded is None:
+        # Encoded by the snapshot workers already (workers.py), or here, line by line.
+        pre = window.encoded if window.spool is None else None
+        for i, line in enumerate(lines):
+            got = pre[i] if pre is not None else fast(line) if fast is not None else None
+            if got is None:
                 row, _toast, key = encode(tuple_data(line, ncols), lsn)
                 encoded = row, key
             else:
-                row, key = encoded
+                encoded = got
+                row, key = got
             if drop is not None:
                 if drop[row]:  # (a Counter: 0 for a row no change matched)
                     drop[row] -= 1

@@ -40,6 +40,7 @@ from typing import BinaryIO, Final
 
 from producer.snapshot.as_of import AsOf
 from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.workers import CodecSpec
 
 WATERMARK_PREFIX: Final = "walbridge.watermark"
 SIGNAL_PREFIX: Final = "walbridge.signal"
@@ -324,6 +325,10 @@ class Window:
     toast: set[bytes] = field(default_factory=set)
     keys: list[tuple[str, ...]] | None = None  # read these rows again (not a range)
     as_of: AsOf | None = None  # only rows unchanged since the slot's consistent point
+    # With snapshot workers: the codec they encode with (the table's route's when the window
+    # opened), and the (row body, key body) of each of ``lines``, encoded by them.
+    spec: CodecSpec | None = None
+    encoded: list[tuple[bytes, bytes | None]] | None = None
     # Which transactions the read saw. For a table without a key it also says which streamed
     # changes in ``images`` the read saw; its rows are spooled to ``spool`` (not held in
     # ``lines``).
@@ -379,6 +384,7 @@ class Window:
             cursor=self.cursor_after,
             limit=sizer.limit(per_row),
             as_of=self.as_of,
+            spec=self.spec,
             chain=self.chain,
             prev=self,
         )

@@ -52,7 +52,7 @@ class FakeReader:
 
     gate: ClassVar[Any] = None
 
-    def __init__(self, dsn: str, sizer: Any, gate: Any) -> None:
+    def __init__(self, dsn: str, sizer: Any, gate: Any, workers: Any = None) -> None:
         FakeReader.gate = gate
 
     def submit(self, window: Window) -> None:
