@@ -25,6 +25,7 @@ resumes from the last recorded chunk.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import multiprocessing
 import os
 import threading
@@ -41,6 +42,8 @@ from producer.snapshot.as_of import AsOf
 from producer.snapshot.chunk_sql import chunk_copy
 from producer.snapshot.copy_text import fields, split_lines, tuple_data
 from producer.snapshot.ranges import Key, KeyRange
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ class WorkerPool:
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
+            log.info("snapshot workers starting", extra={"workers": self.workers})
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),

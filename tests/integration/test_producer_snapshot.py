@@ -175,6 +175,27 @@ def wait_snapshots_done(
     raise AssertionError(f"snapshot not done after {timeout}s:\n{producer.log()}")
 
 
+def snapshot_sessions(dsn: str) -> int:
+    """Sessions of the producer's snapshot reader and workers (application_name)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'walbridge_snapshot'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def assert_read_by_workers(producer: ProducerProcess, workers: int) -> None:
+    """The producer read its chunks with this many snapshot worker processes
+    (producer/snapshot/workers.py), each window split between them."""
+    started = [
+        json.loads(line)
+        for line in producer.log_path.read_text().splitlines()
+        if "snapshot workers starting" in line
+    ]
+    assert started and all(s["workers"] == workers for s in started), producer.log()
+
+
 def assert_same(records: list[Record], topic: str, dsn: str, table: str) -> None:
     lake, pg = replay(records, topic), source_rows(dsn, table)
     missing = sorted(set(pg) - set(lake))[:10]
@@ -196,14 +217,17 @@ def test_initial_snapshot_with_concurrent_writes_is_exact(
     rows = 60_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapi")
+    # Windows of 2,000 rows, split between two snapshot workers (1,000 rows each).
     producer = ProducerProcess(
-        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000
-    )
+        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000,
+        snapshot_workers=2,
+    )  # fmt: skip
     try:
         with Writer(pg_dsn, table, rows) as writer:
             producer.start()
             wait_snapshots_done(producer, table)
         assert writer.transactions > 20, "the writes did not overlap the snapshot"
+        assert_read_by_workers(producer, 2)
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
@@ -236,9 +260,12 @@ def test_initial_snapshot_sends_no_row_twice_across_the_slot_boundary(
     rows = 20_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapb")
+    # Two snapshot workers, 1,000 rows each per window: their reads import the window's
+    # snapshot and keep the slot's boundary.
     producer = ProducerProcess(
-        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=1000
-    )
+        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000,
+        snapshot_workers=2,
+    )  # fmt: skip
     try:
         # Writes before the slot exists, while it is created, and all through the snapshot.
         with Writer(pg_dsn, table, rows, per_second=40) as writer:
@@ -246,6 +273,7 @@ def test_initial_snapshot_sends_no_row_twice_across_the_slot_boundary(
             producer.start()
             wait_snapshots_done(producer, table)
         assert writer.transactions > 20, "the writes did not overlap the snapshot"
+        assert_read_by_workers(producer, 2)
         assert "initial snapshot bounded by the slot's consistent point" in producer.log()
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
@@ -347,9 +375,11 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
     # 200 transactions/s about 3.5 hot updates per transaction land in them. With 500-row
     # chunks read in a few milliseconds each (watermarks flushed at once, snapshot pacing),
     # 2 runs in 5 saw no update land inside a window.
+    # Each window split between two snapshot workers: a hot row changed in either half is
+    # dropped by the window's one high watermark.
     producer = ProducerProcess(
         source, kafka_bootstrap, registry_url, snapshot="initial",
-        snapshot_chunk_rows=10_000, snapshot_chunk_budget_ms=1000,
+        snapshot_chunk_rows=10_000, snapshot_chunk_budget_ms=1000, snapshot_workers=2,
     )  # fmt: skip
     try:
         producer.start()
@@ -368,6 +398,7 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
         assert record_ms <= event_ms, f"snapshot record at {record_ms}, first event at {event_ms}"
         dropped = metric(producer, "walbridge_snapshot_rows_dropped_total")
         assert dropped > 0, "no chunk row changed between its watermarks: the test proves nothing"
+        assert_read_by_workers(producer, 2)
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
         assert_same(records, topic, pg_dsn, table)
@@ -455,9 +486,9 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
     rows = 120_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapk")
-    # 1,200 chunks, a few seconds: a chunk takes a few milliseconds (its watermarks reach the
-    # stream at once), and the kill below must come before the snapshot ends.
-    settings = {"snapshot": "never", "snapshot_chunk_rows": 100}
+    # 60 windows of 2,000 rows, each split between two snapshot worker processes: the kill
+    # below must come before the snapshot ends, and takes the workers with the producer.
+    settings = {"snapshot": "never", "snapshot_chunk_rows": 2000, "snapshot_workers": 2}
     producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
     try:
         producer.start()
@@ -479,11 +510,18 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
             conf = {"bootstrap.servers": kafka_bootstrap}
             while (
                 state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
-            ) is None or state.rows < 2000:
+            ) is None or state.rows < 4000:
                 assert time.monotonic() < deadline, producer.log()
                 time.sleep(0.05)
             assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+            # The reader's session and one per worker, no more.
+            assert 1 <= snapshot_sessions(pg_dsn) <= 3
             producer.kill()  # kill -9 in the middle of the snapshot
+            # Its workers follow it (they watch their parent): no session is left behind.
+            deadline = time.monotonic() + 60
+            while snapshot_sessions(pg_dsn):
+                assert time.monotonic() < deadline, "snapshot sessions outlived the producer"
+                time.sleep(0.2)
             before_restart = writer.transactions
             producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
             producer.start()
@@ -492,7 +530,8 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
         # Resumed from the last chunk Kafka holds, not restarted from the table's start.
         full_log = producer.log_path.read_text().splitlines()
         resumed = [json.loads(line) for line in full_log if "snapshot resumed" in line]
-        assert resumed and resumed[0]["rows_done"] >= 2000, producer.log()
+        assert resumed and resumed[0]["rows_done"] >= 4000, producer.log()
+        assert_read_by_workers(producer, 2)
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
