@@ -191,6 +191,7 @@ class ChunkReader:
                 time.sleep(delay)
                 window.lines.clear()
                 window.encoded = None
+                window.copy_text = []
 
     def _emit(self, window: Window, mark: Mark) -> None:
         statement = _EMIT_LOW if mark is Mark.LOW else _EMIT
@@ -318,16 +319,15 @@ class ChunkReader:
                 raise RuntimeError(
                     "a snapshot worker process died (killed, or out of memory?)"
                 ) from exc
-        lines: list[bytes] = []
         encoded: list[tuple[bytes, bytes | None]] = []
         window.bytes_read = 0
         for result in results:
-            lines.extend(split_lines(result.data))
             encoded.extend(result.encoded)
             window.bytes_read += len(result.data)
             if result.last_key is not None:
                 window.cursor_after = result.last_key
-        window.lines = lines
+        window.lines = []
+        window.copy_text = [r.data for r in results]
         window.encoded = encoded
         window.more = more
 

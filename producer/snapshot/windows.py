@@ -297,8 +297,8 @@ class SnapshotWindows:
         if window.error is not None:
             raise window.error
         name = window.table.collection
-        if window.lines:
-            self._row_bytes[name] = window.bytes_read / len(window.lines)
+        if window.rows:
+            self._row_bytes[name] = window.bytes_read / window.rows
         if window.read_snapshot is not None and window.low is not None:
             window.missed = window.low.missed(window.read_snapshot)
         outcome = window.outcome()
@@ -316,7 +316,7 @@ class SnapshotWindows:
             else:
                 began = time.perf_counter()
                 rows, reread = self._publish(window, route, codec, lsn)
-                self._sizer.published(len(window.lines), time.perf_counter() - began)
+                self._sizer.published(window.rows, time.perf_counter() - began)
                 # While changes stream, the next window waits for the stream to catch up.
                 self._gate.published(self._sizer.streaming)
         if outcome is not Outcome.PUBLISHED or not rows:
@@ -358,6 +358,7 @@ class SnapshotWindows:
         cancel the rest of its chain (the next window then starts from the resume state)."""
         window.lines = []
         window.encoded = None
+        window.copy_text = []
         if window.spool is not None:
             window.spool.close()
             window.spool = None
