@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -175,14 +177,43 @@ def wait_snapshots_done(
     raise AssertionError(f"snapshot not done after {timeout}s:\n{producer.log()}")
 
 
-def snapshot_sessions(dsn: str) -> int:
-    """Sessions of the producer's snapshot reader and workers (application_name)."""
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'walbridge_snapshot'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+def snapshot_workers(pid: int) -> list[int]:
+    """The producer's snapshot worker processes (multiprocessing's spawned children; not its
+    resource tracker)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children.extend(int(c) for c in (task / "children").read_text().split())
+    return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def assert_worker_sessions(pid: int, workers: int) -> list[int]:
+    """The producer runs ``workers`` snapshot workers, each with one SQL session at most (its
+    TCP connections, from /proc: other producers may share the server, so pg_stat_activity
+    can't tell whose a session is); returns their pids."""
+    pids = snapshot_workers(pid)
+    assert len(pids) == workers, pids
+    connections = 0
+    for p in pids:
+        tcp = set()
+        for table in ("tcp", "tcp6"):
+            for line in Path(f"/proc/{p}/net/{table}").read_text().splitlines()[1:]:
+                tcp.add(line.split()[9])  # the socket's inode
+        held = [
+            fd for fd in Path(f"/proc/{p}/fd").iterdir()
+            if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in tcp
+        ]  # fmt: skip
+        # A worker connects at its first range (one may have had none yet).
+        assert len(held) <= 1, f"worker {p} holds {len(held)} TCP connections"
+        connections += len(held)
+    assert connections >= 1, "no worker has read a range"
+    return pids
+
+
+def wait_gone(pids: list[int], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{p}").exists() for p in pids):
+        assert time.monotonic() < deadline, f"snapshot workers outlived the producer: {pids}"
+        time.sleep(0.2)
 
 
 def assert_read_by_workers(producer: ProducerProcess, workers: int) -> None:
@@ -514,14 +545,10 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
                 assert time.monotonic() < deadline, producer.log()
                 time.sleep(0.05)
             assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
-            # The reader's session and one per worker, no more.
-            assert 1 <= snapshot_sessions(pg_dsn) <= 3
+            assert producer.proc is not None
+            workers = assert_worker_sessions(producer.proc.pid, 2)
             producer.kill()  # kill -9 in the middle of the snapshot
-            # Its workers follow it (they watch their parent): no session is left behind.
-            deadline = time.monotonic() + 60
-            while snapshot_sessions(pg_dsn):
-                assert time.monotonic() < deadline, "snapshot sessions outlived the producer"
-                time.sleep(0.2)
+            wait_gone(workers)  # they watch their parent: their sessions go with them
             before_restart = writer.transactions
             producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
             producer.start()
@@ -536,6 +563,51 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
         assert_same(records, topic, pg_dsn, table)
+    finally:
+        producer.stop()
+        source.drop()
+
+
+def test_a_snapshot_worker_killed_stops_the_snapshot_naming_the_chunk_and_a_restart_resumes(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
+) -> None:
+    rows = 120_000
+    _create(pg_dsn, table, rows)
+    source = Source.create(pg_dsn, [table], "snapw")
+    settings = {"snapshot": "initial", "snapshot_chunk_rows": 2000, "snapshot_workers": 2}
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
+    try:
+        producer.start()
+        assert producer.proc is not None
+        name, deadline = f"public.{table}", time.monotonic() + 120
+        conf = {"bootstrap.servers": kafka_bootstrap}
+        while (
+            state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
+        ) is None or state.rows < 4000:
+            assert time.monotonic() < deadline, producer.log()
+            time.sleep(0.05)
+        assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+        workers = assert_worker_sessions(producer.proc.pid, 2)
+        os.kill(workers[0], signal.SIGKILL)
+        # The next chunk's read fails: the producer stops with an error naming the table and
+        # the chunk (its cursor), instead of going on without that worker's range.
+        assert producer.proc.wait(120) != 0
+        text = producer.log_path.read_text()
+        assert "a snapshot worker process died" in text and name in text, producer.log()
+        # No worker (nor its session) is left behind; a restart resumes, ends equal to the source.
+        wait_gone(workers)
+        producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
+        producer.start()
+        wait_snapshots_done(producer, table)
+        resumed = [
+            json.loads(line)
+            for line in producer.log_path.read_text().splitlines()
+            if "snapshot resumed" in line
+        ]
+        assert resumed and resumed[0]["rows_done"] >= 4000, producer.log()
+        source.wait_confirmed(source.current_lsn())
+        topic = f"{source.prefix}.public.{table}"
+        assert_same(read_all(kafka_bootstrap, registry_url, topic), topic, pg_dsn, table)
     finally:
         producer.stop()
         source.drop()
