@@ -419,6 +419,8 @@ def main() -> None:
                         f" {total_s:.1f}s; producer CPU {cpu_s / args.rows * 1e6:.1f} us/row:"
                         f" main thread {split.get('main', 0) / args.rows * 1e6:.2f},"
                         f" workers {split.get('workers', 0) / args.rows * 1e6:.2f};"
+                        f" peak RSS {peak_kb / 1024:.0f} MB, largest worker"
+                        f" {split.get('worker_rss_kb', 0) / 1024:.0f} MB;"
                         f" load {before:.1f} -> {os.getloadavg()[0]:.1f})"
                     )
             with Busy(background) as copy_after_cpu:
