@@ -19,10 +19,12 @@ from schemas.settings_loader import SettingsError, read_settings, setting
 from schemas.topics import TopicNameError, check_prefix
 from schemas.type_mapping import TIMESTAMPTZ_FORMATS, TIMESTAMPTZ_MICROS
 
-# The default of --snapshot-workers is the number of cores, at most this: past it the
-# producer's own thread (framing and producing every row) is the bound, not the workers
-# (docs/snapshots.md, "Parallel workers"); each worker is also one more backend on the source.
-MAX_DEFAULT_SNAPSHOT_WORKERS: Final = 8
+# The default of --snapshot-workers is the number of cores, at most this. bench_snapshot.py
+# measured the workers' CPU at about twice the main thread's per row (8.8-13.6 against
+# 4.7-6.0 µs), so two to three workers keep the producer's own thread (it frames and produces
+# every row) busy, and a fourth covers ranges of unequal cost; past that the main thread is the
+# bound, and each worker costs a session on the source and some 50 MB (docs/snapshots.md).
+MAX_DEFAULT_SNAPSHOT_WORKERS: Final = 4
 
 
 def default_snapshot_workers() -> int:

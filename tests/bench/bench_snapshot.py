@@ -69,7 +69,7 @@ from bench_replication import generate
 from plots import series_plot
 from proc_usage import Busy, measure_background, process_cpu_s, rss_kb, thread_cpu_s
 
-from producer.config import load_config
+from producer.config import MAX_DEFAULT_SNAPSHOT_WORKERS, load_config
 from producer.kafka_sink import producer_settings
 from schemas.topics import table_topic
 
@@ -465,13 +465,13 @@ def main() -> None:
             # produces every row (serial), its workers read and encode (parallel, one range
             # each), librdkafka's threads and the rest of the process take what is left; each
             # worker's PostgreSQL backend sends rows at about one COPY's rate. On a pod of C
-            # cores with min(C, 8) workers (the default) and a source with cores to spare:
+            # cores with min(C, the default cap) workers and a source with cores to spare:
             main_us = last.get("main", 0) / args.rows * 1e6
             worker_us = last.get("workers", 0) / args.rows * 1e6
             process_us = cpu_s / args.rows * 1e6
             copy_rate = args.rows / copy_s
             for pod in (2, 8, 16):
-                n = min(pod, 8)
+                n = min(pod, MAX_DEFAULT_SNAPSHOT_WORKERS)
                 bounds = {
                     "main thread": 1e6 / main_us if main_us else float("inf"),
                     "workers": n * 1e6 / worker_us if worker_us else float("inf"),
