@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
-from producer.config import ProducerConfig
+from producer.config import ProducerConfig, default_snapshot_workers
 from producer.confirmation import Confirmation
 from producer.delivery import DeliveryTracker
 from producer.emitter import EventEmitter, FixedEncoders, SourceNames
@@ -470,6 +470,8 @@ def _start_snapshots(
         metrics=metrics,
         stream_delay=stream_delay,
         on_standby=on_standby,
+        workers=cfg.snapshot_workers or default_snapshot_workers(),
+        timestamptz=cfg.timestamptz_format,
     )
     snapshots.start(states, published, initial, replace_all=replace_all)
     if initial:

@@ -28,35 +28,92 @@ def chunk_copy(
     columns: Sequence[str],
     key: Sequence[str],
     after: Sequence[str] | None,
-    limit: int,
+    limit: int | None,
     as_of: AsOf | None = None,
+    upto: Sequence[str] | None = None,
 ) -> sql.Composed:
-    """``COPY (SELECT columns FROM table [WHERE key > after] ORDER BY key LIMIT limit)
-    TO STDOUT``: the next ``limit`` rows after the cursor, in key order; with ``as_of`` only
-    rows unchanged since that snapshot (``producer.snapshot.as_of``)."""
-    if not key:
-        raise ValueError(f"{schema}.{table}: a chunked read needs key columns")
-    if after is not None and len(after) != len(key):
-        raise ValueError(f"{schema}.{table}: cursor {list(after)} does not match key {list(key)}")
-    keys = _columns(key)
-    conditions: list[sql.Composable] = []
-    if after is not None:
-        conditions.append(
-            sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(sql.Literal(v) for v in after))
-        )
-    if as_of is not None:
-        conditions.append(as_of.predicate(columns))
-    where: sql.Composable = sql.SQL("")
-    if conditions:
-        where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
+    """``COPY (SELECT columns FROM table [WHERE key > after [AND key <= upto]] ORDER BY key
+    [LIMIT limit]) TO STDOUT``: the next ``limit`` rows after the cursor (or every row up to
+    ``upto``: a snapshot worker's range), in key order; with ``as_of`` only rows unchanged
+    since that snapshot (``producer.snapshot.as_of``)."""
+    where = _range_where(schema, table, columns, key, after, as_of, upto)
+    limited: sql.Composable = sql.SQL("")
+    if limit is not None:
+        limited = sql.SQL(" LIMIT {}").format(sql.Literal(limit))
     return sql.SQL(
-        "COPY (SELECT {columns} FROM {table}{where} ORDER BY {keys} LIMIT {limit}) TO STDOUT"
+        "COPY (SELECT {columns} FROM {table}{where} ORDER BY {keys}{limited}) TO STDOUT"
     ).format(
         columns=_columns(columns),
         table=sql.Identifier(schema, table),
         where=where,
+        keys=_columns(key),
+        limited=limited,
+    )
+
+
+def _key_literals(values: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Literal(v) for v in values)
+
+
+def _range_where(
+    schema: str,
+    table: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    after: Sequence[str] | None,
+    as_of: AsOf | None,
+    upto: Sequence[str] | None = None,
+) -> sql.Composable:
+    if not key:
+        raise ValueError(f"{schema}.{table}: a chunked read needs key columns")
+    for bound in (after, upto):
+        if bound is not None and len(bound) != len(key):
+            raise ValueError(
+                f"{schema}.{table}: cursor {list(bound)} does not match key {list(key)}"
+            )
+    keys = _columns(key)
+    conditions: list[sql.Composable] = []
+    if after is not None:
+        conditions.append(sql.SQL("({}) > ({})").format(keys, _key_literals(after)))
+    if upto is not None:
+        conditions.append(sql.SQL("({}) <= ({})").format(keys, _key_literals(upto)))
+    if as_of is not None:
+        conditions.append(as_of.predicate(columns))
+    if not conditions:
+        return sql.SQL("")
+    return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
+
+
+def range_marks(
+    schema: str,
+    table: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    after: Sequence[str] | None,
+    limit: int,
+    step: int,
+    as_of: AsOf | None = None,
+) -> sql.Composed:
+    """The keys (as text) that split the next ``limit`` rows after the cursor into ranges of
+    ``step`` rows, for the snapshot workers: ``(n, key...)`` of the rows numbered n = step,
+    2 step, ... and ``limit``, and of row ``limit + 1`` if there is one (the chunk is not the
+    table's last). The key index alone is walked (with ``as_of``, the rows' ``xmin`` too)."""
+    where = _range_where(schema, table, columns, key, after, as_of)
+    keys = _columns(key)
+    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
+    return sql.SQL(
+        "SELECT walbridge_n, {texts} FROM (SELECT row_number() OVER (ORDER BY {keys}) AS walbridge_n, "
+        "{keys} "
+        "FROM {table}{where} ORDER BY {keys} LIMIT {more}) AS numbered "
+        "WHERE walbridge_n % {step} = 0 OR walbridge_n >= {limit} ORDER BY walbridge_n"
+    ).format(
+        texts=texts,
         keys=keys,
+        table=sql.Identifier(schema, table),
+        where=where,
+        more=sql.Literal(limit + 1),
         limit=sql.Literal(limit),
+        step=sql.Literal(step),
     )
 
 

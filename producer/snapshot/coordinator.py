@@ -30,6 +30,7 @@ from producer.snapshot.sink import SnapshotSink
 from producer.snapshot.watermarks import SIGNAL_PREFIX, WATERMARK_PREFIX
 from producer.snapshot.windows import LOCK_WAIT_MS, SnapshotWindows
 from schemas.snapshot_state import DONE, PENDING, RUNNING, TableState, requested
+from schemas.type_mapping import TIMESTAMPTZ_MICROS
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class SnapshotCoordinator(SnapshotWindows):
         chunk_budget_s: float = 0.05,
         stream_delay: Callable[[], float | None] = lambda: None,
         on_standby: bool = False,
+        workers: int = 0,
+        timestamptz: str = TIMESTAMPTZ_MICROS,
     ) -> None:
         super().__init__(
             dsn=dsn,
@@ -62,6 +65,8 @@ class SnapshotCoordinator(SnapshotWindows):
             chunk_bytes=chunk_bytes,
             chunk_budget_s=chunk_budget_s,
             metrics=metrics,
+            workers=workers,
+            timestamptz=timestamptz,
         )
         # Reading from a standby: a signal (written on the primary, decoded here) can't be
         # served, as the watermarks can't be written on a read-only server.

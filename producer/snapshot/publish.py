@@ -28,6 +28,8 @@ def publish_rows(
 ) -> tuple[int, int, list[tuple[str, ...]]]:
     """Publishes the rows no change in the window touched; returns how many it published and
     how many it left out, and the keys of the rows to read again."""
+    if window.encoded is not None and window.spool is None and route.shape.keyed:
+        return _publish_encoded(window, window.encoded, route, lsn, emit)
     ncols = len(window.table.columns)
     encode = codec.encode_row_key
     # The compiled COPY text twin (the careful path: split into values, then encode; it
@@ -38,7 +40,7 @@ def publish_rows(
     toast = window.toast
     # A table without a key: whole rows, as many of each as the streamed changes say.
     drop: Counter[bytes] | None = None
-    batches: Iterable[list[bytes]] = (window.lines,)
+    batches: Iterable[list[bytes]] = (window.all_lines(),)
     if window.spool is not None:
         assert window.read_snapshot is not None  # set with the spool
         drop = rows_to_drop(window.images, window.read_snapshot)
@@ -56,12 +58,13 @@ def publish_rows(
             out = out[-1:]
         keep = out.append
         for line in lines:
-            encoded = fast(line) if fast is not None else None
-            if encoded is None:
+            got = fast(line) if fast is not None else None
+            if got is None:
                 row, _toast, key = encode(tuple_data(line, ncols), lsn)
                 encoded = row, key
             else:
-                row, key = encoded
+                encoded = got
+                row, key = got
             if drop is not None:
                 if drop[row]:  # (a Counter: 0 for a row no change matched)
                     drop[row] -= 1
@@ -78,3 +81,29 @@ def publish_rows(
     kept += len(out)
     emit(route, out, not window.more and window.keys is None, lsn)
     return kept, dropped, [key_text(window.table, line) for line in reread]
+
+
+def _publish_encoded(
+    window: Window,
+    pairs: list[tuple[bytes, bytes | None]],
+    route: Any,
+    lsn: int,
+    emit: EmitReads,
+) -> tuple[int, int, list[tuple[str, ...]]]:
+    """A keyed window's rows as the snapshot workers encoded them (workers.py): only the keys
+    changed inside the window are left out (none, mostly: the rows go as they are)."""
+    changed, toast = window.changed, window.toast
+    out = pairs
+    again: list[int] = []  # rows to read again, by position
+    if changed:
+        out = []
+        keep = out.append
+        for i, pair in enumerate(pairs):
+            if pair[1] in changed:
+                if pair[1] in toast:
+                    again.append(i)
+                continue
+            keep(pair)
+    emit(route, out, not window.more and window.keys is None, lsn)
+    lines = window.all_lines() if again else []
+    return len(out), len(pairs) - len(out), [key_text(window.table, lines[i]) for i in again]

@@ -18,9 +18,10 @@ import psycopg
 from producer.errors import SnapshotError
 from producer.replication.dsn import WALSENDER_OUTPUT_OPTIONS, redact_dsn, sql_conninfo
 from producer.snapshot.catalog import SnapshotTable
-from producer.snapshot.chunk_sql import chunk_copy, keys_copy, whole_copy
+from producer.snapshot.chunk_sql import chunk_copy, keys_copy, range_marks, whole_copy
 from producer.snapshot.copy_text import fields, split_lines
 from producer.snapshot.pacing import CatchUpGate
+from producer.snapshot.ranges import KeyRange, range_step, split_ranges
 from producer.snapshot.watermarks import (
     WATERMARK_PREFIX,
     ChunkSizer,
@@ -28,6 +29,13 @@ from producer.snapshot.watermarks import (
     ReadSnapshot,
     Window,
     watermark_content,
+)
+from producer.snapshot.workers import (
+    BrokenProcessPool,
+    CodecSpec,
+    RangeFailed,
+    RangeTask,
+    WorkerPool,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +59,7 @@ _EMIT_LOW = (
 _SESSION_OPTIONS = "-c synchronous_commit=local"
 _RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 _READ_SNAPSHOT = "SELECT pg_current_snapshot()::text"
+_EXPORT_SNAPSHOT = "SELECT pg_export_snapshot()"
 # 'in progress' until the transaction leaves the process array, that is until it is visible
 # (PostgreSQL 15.2, 14.7, 13.10 and later; earlier minor releases could answer 'committed'
 # while a commit waited for a synchronous standby: the chunk is then read again until then).
@@ -82,8 +91,11 @@ class ChunkReader:
     backoff (a half-done window's watermarks, if any reached the WAL, are then ignored as
     stale)."""
 
-    def __init__(self, dsn: str, sizer: ChunkSizer, gate: CatchUpGate) -> None:
+    def __init__(
+        self, dsn: str, sizer: ChunkSizer, gate: CatchUpGate, workers: WorkerPool | None = None
+    ) -> None:
         self._conninfo = reader_conninfo(dsn)
+        self._workers = workers  # None: this thread reads and the pipeline's thread encodes
         self._redacted = redact_dsn(dsn)
         self._sizer = sizer
         self._gate = gate
@@ -100,6 +112,8 @@ class ChunkReader:
         self._stopping = True
         self._requests.put(None)
         self._thread.join(timeout=10)
+        if self._workers is not None:
+            self._workers.stop()
         if self._conn is not None:
             self._conn.close()
 
@@ -176,6 +190,8 @@ class ChunkReader:
                 )
                 time.sleep(delay)
                 window.lines.clear()
+                window.encoded = None
+                window.copy_text = []
 
     def _emit(self, window: Window, mark: Mark) -> None:
         statement = _EMIT_LOW if mark is Mark.LOW else _EMIT
@@ -188,6 +204,8 @@ class ChunkReader:
         self._emit(window, Mark.LOW)
         if window.whole:
             self._read_whole(conn, window)
+        elif self._workers is not None and window.spec is not None and window.keys is None:
+            self._read_ranges(conn, window, self._workers)
         else:
             self._read_chunk(conn, window)
         # Linked before the high watermark: the pipeline moves on to it when it gets there.
@@ -267,6 +285,58 @@ class ChunkReader:
         window.bytes_read = len(data)
         if lines and window.keys is None:
             window.cursor_after = key_text(table, lines[-1])
+
+    def _read_ranges(
+        self, conn: psycopg.Connection[Any], window: Window, workers: WorkerPool
+    ) -> None:
+        """The window's rows read and encoded by the workers (workers.py), one key range each,
+        all in this read transaction's snapshot, which they import: the window is one read
+        as before (one snapshot for the high watermark's check), in several processes. The
+        transaction stays open until every range is read (an exported snapshot can be
+        imported only while its transaction lives)."""
+        table = window.table
+        spec = window.spec
+        assert spec is not None
+        step = range_step(window.limit, workers.workers)
+        with self._read_transaction(conn, window) as cur:
+            row = cur.execute(_EXPORT_SNAPSHOT).fetchone()
+            assert row is not None
+            snapshot_id: str = row[0]
+            query = range_marks(
+                table.schema, table.name, table.column_names, table.chunk_key, window.cursor,
+                window.limit, step, window.as_of,
+            )  # fmt: skip
+            marks = [(int(r[0]), tuple(r[1:])) for r in cur.execute(query).fetchall()]
+            ranges, more = split_ranges(window.cursor, marks, window.limit)
+            tasks = [self._task(snapshot_id, window, spec, r) for r in ranges]
+            try:
+                results = workers.read(tasks)
+            except RangeFailed as exc:
+                if exc.connection:  # retried as the reader's own connection failures are
+                    raise psycopg.OperationalError(f"snapshot worker: {exc}") from None
+                raise
+            except BrokenProcessPool as exc:
+                raise RuntimeError(
+                    "a snapshot worker process died (killed, or out of memory?)"
+                ) from exc
+        encoded: list[tuple[bytes, bytes | None]] = []
+        window.bytes_read = 0
+        for result in results:
+            encoded.extend(result.encoded)
+            window.bytes_read += len(result.data)
+            if result.last_key is not None:
+                window.cursor_after = result.last_key
+        window.lines = []
+        window.copy_text = [r.data for r in results]
+        window.encoded = encoded
+        window.more = more
+
+    def _task(self, snapshot_id: str, window: Window, spec: CodecSpec, r: KeyRange) -> RangeTask:
+        t = window.table
+        return RangeTask(
+            self._conninfo, snapshot_id, t.schema, t.name, t.column_names, t.chunk_key, r,
+            window.as_of, spec,
+        )  # fmt: skip
 
     def _read_whole(self, conn: psycopg.Connection[Any], window: Window) -> None:
         """A table without a key, in one COPY: its rows go to a temporary file as they come

@@ -40,6 +40,8 @@ from typing import BinaryIO, Final
 
 from producer.snapshot.as_of import AsOf
 from producer.snapshot.catalog import SnapshotTable
+from producer.snapshot.copy_text import split_lines
+from producer.snapshot.workers import CodecSpec
 
 WATERMARK_PREFIX: Final = "walbridge.watermark"
 SIGNAL_PREFIX: Final = "walbridge.signal"
@@ -324,6 +326,12 @@ class Window:
     toast: set[bytes] = field(default_factory=set)
     keys: list[tuple[str, ...]] | None = None  # read these rows again (not a range)
     as_of: AsOf | None = None  # only rows unchanged since the slot's consistent point
+    # With snapshot workers: the codec they encode with (the table's route's when the window
+    # opened), the (row body, key body) of each row, encoded by them, and the ranges' COPY
+    # text, split into ``lines`` only when rows must be read again (``all_lines``).
+    spec: CodecSpec | None = None
+    encoded: list[tuple[bytes, bytes | None]] | None = None
+    copy_text: list[bytes] = field(default_factory=list)
     # Which transactions the read saw. For a table without a key it also says which streamed
     # changes in ``images`` the read saw; its rows are spooled to ``spool`` (not held in
     # ``lines``).
@@ -350,6 +358,17 @@ class Window:
             w = w.ahead
 
     @property
+    def rows(self) -> int:
+        """Rows read (held in ``lines``, or encoded by the workers)."""
+        return len(self.encoded) if self.encoded is not None else len(self.lines)
+
+    def all_lines(self) -> list[bytes]:
+        """The rows' COPY text lines, in order (split from ``copy_text`` the first time)."""
+        if not self.lines and self.copy_text:
+            self.lines = [line for text in self.copy_text for line in split_lines(text)]
+        return self.lines
+
+    @property
     def whole(self) -> bool:
         """A table without a key, read whole (its changes are matched by whole row)."""
         return not self.table.chunk_key and self.keys is None
@@ -373,12 +392,13 @@ class Window:
         the table's last chunk or a cancelled chain)."""
         if self.keys is not None or not self.more or self.chain.cancelled:
             return None
-        per_row = self.bytes_read / len(self.lines) if self.lines else None
+        per_row = self.bytes_read / self.rows if self.rows else None
         return Window(
             table=self.table,
             cursor=self.cursor_after,
             limit=sizer.limit(per_row),
             as_of=self.as_of,
+            spec=self.spec,
             chain=self.chain,
             prev=self,
         )

@@ -36,7 +36,9 @@ from producer.snapshot.watermarks import (
     Window,
     parse_watermark,
 )
+from producer.snapshot.workers import CodecSpec, WorkerPool
 from schemas.snapshot_state import DONE, PENDING, TableState, requested
+from schemas.type_mapping import TIMESTAMPTZ_MICROS
 
 # The snapshot's log lines keep the logger they had before the coordinator was split in two.
 log = logging.getLogger("producer.snapshot.coordinator")
@@ -77,8 +79,13 @@ class SnapshotWindows:
         chunk_bytes: int,
         chunk_budget_s: float,
         metrics: Any,
+        workers: int = 0,
+        timestamptz: str = TIMESTAMPTZ_MICROS,
     ) -> None:
         self._dsn = dsn
+        # Snapshot worker processes (workers.py; 0: the reader thread reads, this one encodes).
+        self._workers = workers
+        self._timestamptz = timestamptz
         self._publication = publication
         self._sql = sql
         self._sink = sink
@@ -156,9 +163,21 @@ class SnapshotWindows:
             limit = self._sizer.limit(self._row_bytes.get(name))
         as_of = AsOf.parse(state.as_of) if state.as_of is not None and table.chunk_key else None
         self.window = Window(
-            table=table, cursor=state.cursor if table.chunk_key else None, limit=limit, as_of=as_of
+            table=table,
+            cursor=state.cursor if table.chunk_key else None,
+            limit=limit,
+            as_of=as_of,
+            spec=self._codec_spec(table),
         )
         self._submit(self.window)
+
+    def _codec_spec(self, table: SnapshotTable) -> CodecSpec | None:
+        """What the workers encode a keyed table's rows with: its route's codec, as the stream
+        (or the catalog) describes it now. Checked again at each high watermark."""
+        if not self._workers or not table.chunk_key:
+            return None
+        route = self._sink.snapshot_route(table, 0)
+        return CodecSpec.of(route.shape.codec, self._timestamptz)
 
     def _describe(self, name: str) -> SnapshotTable | None:
         """The table as the catalog describes it now; None when it left the publication (its
@@ -175,7 +194,8 @@ class SnapshotWindows:
     def _submit(self, window: Window) -> None:
         window.wait_for, self._wait_for = self._wait_for, None
         if self._reader is None:
-            self._reader = ChunkReader(self._dsn, self._sizer, self._gate)
+            pool = WorkerPool(self._workers) if self._workers else None
+            self._reader = ChunkReader(self._dsn, self._sizer, self._gate, pool)
         self._reader.submit(window)
 
     def _left_publication(self, name: str) -> None:
@@ -277,8 +297,8 @@ class SnapshotWindows:
         if window.error is not None:
             raise window.error
         name = window.table.collection
-        if window.lines:
-            self._row_bytes[name] = window.bytes_read / len(window.lines)
+        if window.rows:
+            self._row_bytes[name] = window.bytes_read / window.rows
         if window.read_snapshot is not None and window.low is not None:
             window.missed = window.low.missed(window.read_snapshot)
         outcome = window.outcome()
@@ -289,10 +309,14 @@ class SnapshotWindows:
             codec = route.shape.codec
             if tuple(c.name for c in codec.columns) != window.table.column_names:
                 outcome = Outcome.REDO  # the stream's shape is not the one read
+            elif window.encoded is not None and window.spec != CodecSpec.of(
+                codec, self._timestamptz
+            ):
+                outcome = Outcome.REDO  # encoded with another codec than the route's now
             else:
                 began = time.perf_counter()
                 rows, reread = self._publish(window, route, codec, lsn)
-                self._sizer.published(len(window.lines), time.perf_counter() - began)
+                self._sizer.published(window.rows, time.perf_counter() - began)
                 # While changes stream, the next window waits for the stream to catch up.
                 self._gate.published(self._sizer.streaming)
         if outcome is not Outcome.PUBLISHED or not rows:
@@ -333,6 +357,8 @@ class SnapshotWindows:
         """The window's high watermark is handled: go on with the window read after it, or
         cancel the rest of its chain (the next window then starts from the resume state)."""
         window.lines = []
+        window.encoded = None
+        window.copy_text = []
         if window.spool is not None:
             window.spool.close()
             window.spool = None

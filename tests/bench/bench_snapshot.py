@@ -67,9 +67,9 @@ from bench_output import results_dir, run_base, write_json
 from bench_producer import stack_env
 from bench_replication import generate
 from plots import series_plot
-from proc_usage import Busy, measure_background, rss_kb
+from proc_usage import Busy, measure_background, process_cpu_s, rss_kb, thread_cpu_s
 
-from producer.config import load_config
+from producer.config import MAX_DEFAULT_SNAPSHOT_WORKERS, load_config
 from producer.kafka_sink import producer_settings
 from schemas.topics import table_topic
 
@@ -141,16 +141,29 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _children(pid: int) -> list[int]:
+    """The process's children (its snapshot workers; the spawn helper too, which is idle)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out.extend(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
 def run_snapshot(
     env: dict[str, str],
     schema: str,
     publication: str,
     profile: str | None = None,
     progress: list[tuple[float, float]] | None = None,
+    workers: int | None = None,
+    split: dict[str, float] | None = None,
 ) -> tuple[float, float, int, float, str]:
     """(seconds from start to exit, seconds from "snapshot started" to "snapshot done", peak
-    RSS kB sampled every 50 ms, CPU seconds of the producer process, its topic prefix).
-    ``progress``, when given, receives (seconds since start, rows published) once a second."""
+    RSS kB sampled every 50 ms, CPU seconds of the producer process and its snapshot workers,
+    its topic prefix). ``progress``, when given, receives (seconds since start, rows published)
+    once a second; ``split``, when given, the CPU seconds of the producer's main thread
+    ("main"), of its snapshot workers ("workers", summed) and the largest worker's peak RSS kB
+    ("worker_rss_kb"), as last sampled (every 50 ms) before they exited."""
     tag = uuid.uuid4().hex[:8]
     slot = f"benchs_{tag}"
     port = free_port() if progress is not None else 0  # 0: no HTTP server
@@ -166,6 +179,7 @@ def run_snapshot(
             "WALBRIDGE_HEARTBEAT_INTERVAL_S": "0",
             "WALBRIDGE_SNAPSHOT": "initial-only",
         }
+        | ({} if workers is None else {"WALBRIDGE_SNAPSHOT_WORKERS": str(workers)})
     )
     log = Path(f"/tmp/bench_snapshot_{tag}.log")
     cpu_before = _children_cpu_s()
@@ -193,8 +207,19 @@ def run_snapshot(
         )
         peak = 0
         next_sample = began
+        main_s, worker_rss = 0.0, 0
+        worker_s: dict[int, float] = {}
         while proc.poll() is None:
             peak = max(peak, rss_kb(proc.pid))
+            if split is not None:
+                try:
+                    main_s = max(main_s, thread_cpu_s(proc.pid, proc.pid))
+                    for child in _children(proc.pid):
+                        worker_s[child] = max(worker_s.get(child, 0.0), process_cpu_s(child))
+                        worker_rss = max(worker_rss, rss_kb(child))
+                except (FileNotFoundError, ProcessLookupError, ValueError):
+                    pass  # exiting
+                split.update(main=main_s, workers=sum(worker_s.values()), worker_rss_kb=worker_rss)
             if progress is not None and time.perf_counter() >= next_sample:
                 next_sample += 1.0
                 rows = published_rows(port)
@@ -322,6 +347,14 @@ def main() -> None:
         "--chunk-rows", type=int, help="the producer's --snapshot-chunk-rows (default: its own)"
     )
     parser.add_argument(
+        "--workers",
+        default="1,2",
+        help="the producer's --snapshot-workers for each snapshot, comma-separated (run in "
+        "turn, --repeat times: an interleaved comparison); the ratio of each to the first is "
+        "printed",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of --workers")
+    parser.add_argument(
         "--results-dir",
         type=Path,
         default=None,
@@ -362,16 +395,34 @@ def main() -> None:
                 f"COPY to nowhere (before): {copy_before:7.1f}s  {args.rows / copy_before:>10,.0f} rows/s"
             )
             load = os.getloadavg()[0]
+            counts = [int(w) for w in args.workers.split(",")]
+            runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
             progress: list[tuple[float, float]] = []
-            with Busy(background) as snap_cpu:
-                total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
-                    env, schema, f"{schema}_pub", args.profile, progress
-                )
-            print(
-                f"snapshot into Kafka:      {snap_s:7.1f}s  {args.rows / snap_s:>10,.0f} rows/s"
-                f"  (process start to exit {total_s:.1f}s; producer CPU {cpu_s:.1f}s,"
-                f" {cpu_s / args.rows * 1e6:.1f} us/row)"
-            )
+            for round_ in range(args.repeat):
+                for n in counts:
+                    # Every snapshot but the last round's last has its own topic, left behind.
+                    progress = []
+                    split: dict[str, float] = {}
+                    before = os.getloadavg()[0]
+                    with Busy(background) as snap_cpu:
+                        total_s, snap_s, peak_kb, cpu_s, prefix = run_snapshot(
+                            env, schema, f"{schema}_pub", args.profile, progress, n, split
+                        )
+                    runs[n].append(
+                        {"snapshot_s": snap_s, "process_s": total_s, "peak_rss_kb": peak_kb,
+                         "cpu_s": cpu_s, "machine_cpu_s": snap_cpu.seconds,
+                         "load_before": before, "load_after": os.getloadavg()[0], **split}
+                    )  # fmt: skip
+                    print(
+                        f"snapshot, {n} worker(s), round {round_ + 1}: {snap_s:7.1f}s"
+                        f"  {args.rows / snap_s:>10,.0f} rows/s  (process start to exit"
+                        f" {total_s:.1f}s; producer CPU {cpu_s / args.rows * 1e6:.1f} us/row:"
+                        f" main thread {split.get('main', 0) / args.rows * 1e6:.2f},"
+                        f" workers {split.get('workers', 0) / args.rows * 1e6:.2f};"
+                        f" peak RSS {peak_kb / 1024:.0f} MB, largest worker"
+                        f" {split.get('worker_rss_kb', 0) / 1024:.0f} MB;"
+                        f" load {before:.1f} -> {os.getloadavg()[0]:.1f})"
+                    )
             with Busy(background) as copy_after_cpu:
                 copy_after = time_copy(dsn, schema)
             print(
@@ -393,7 +444,48 @@ def main() -> None:
             load = (load + os.getloadavg()[0]) / 2
             copy_s = (copy_before + copy_after) / 2
             _, _, idle_kb, _, _ = run_snapshot(env, empty, f"{empty}_pub")
-            print(f"ratio rows/s snapshot/COPY: {copy_s / snap_s:.2f} (target >= 0.6)")
+            median = {
+                n: sorted(r["snapshot_s"] for r in runs[n])[len(runs[n]) // 2] for n in counts
+            }
+            for n in counts:
+                print(
+                    f"ratio rows/s snapshot/COPY, {n} worker(s): {copy_s / median[n]:.2f}"
+                    f" (median of {len(runs[n])}; target >= 0.3 at 5M rows)"
+                )
+            for n in counts[1:]:
+                print(
+                    f"ratio rows/s {n} workers / {counts[0]}: {median[counts[0]] / median[n]:.2f}"
+                    " (target >= 1.6 for 2 / 1)"
+                )
+            last = runs[counts[-1]][-1]
+            snap_s, peak_kb, cpu_s, total_s = (
+                last["snapshot_s"], int(last["peak_rss_kb"]), last["cpu_s"], last["process_s"]
+            )  # fmt: skip
+            # The model, from the last run's CPU per row: the producer's main thread frames and
+            # produces every row (serial), its workers read and encode (parallel, one range
+            # each), librdkafka's threads and the rest of the process take what is left; each
+            # worker's PostgreSQL backend sends rows at about one COPY's rate. On a pod of C
+            # cores with min(C, the default cap) workers and a source with cores to spare:
+            main_us = last.get("main", 0) / args.rows * 1e6
+            worker_us = last.get("workers", 0) / args.rows * 1e6
+            process_us = cpu_s / args.rows * 1e6
+            copy_rate = args.rows / copy_s
+            for pod in (2, 8, 16):
+                n = min(pod, MAX_DEFAULT_SNAPSHOT_WORKERS)
+                bounds = {
+                    "main thread": 1e6 / main_us if main_us else float("inf"),
+                    "workers": n * 1e6 / worker_us if worker_us else float("inf"),
+                    "producer CPU": pod * 1e6 / process_us,
+                    "source backends": n * copy_rate,
+                }
+                which = min(bounds, key=lambda k: bounds[k])
+                print(
+                    f"model, {pod} cores, {n} workers: {bounds[which]:,.0f} rows/s (bound by the"
+                    f" {which}; main thread {main_us:.2f} us/row, workers {worker_us:.2f} us/row,"
+                    f" whole producer {process_us:.2f} us/row, one COPY {copy_rate:,.0f} rows/s;"
+                    " single-COPY-relative "
+                    f"{bounds[which] / copy_rate:.2f})"
+                )
             print(
                 f"ratio rows/s Kafka ceiling/COPY: {copy_s / ceiling_s:.2f}"
                 f" (the most any producer's snapshot/COPY could be here);"
@@ -441,11 +533,13 @@ def main() -> None:
                 "rows": args.rows,
                 "keyless": args.keyless,
                 "chunk_rows": args.chunk_rows,
+                "workers": counts,
+                "runs": {str(n): r for n, r in runs.items()},
                 "snapshot_s": snap_s,
                 "process_s": total_s,
                 "copy_s": {"before": copy_before, "after": copy_after},
                 "kafka_ceiling_s": ceiling_s,
-                "ratio_snapshot_to_copy": copy_s / snap_s,
+                "ratio_snapshot_to_copy": {str(n): copy_s / median[n] for n in counts},
                 "ratio_ceiling_to_copy": copy_s / ceiling_s,
                 "peak_rss_kb": {"snapshot": peak_kb, "idle": idle_kb},
                 "producer_cpu_s": cpu_s,

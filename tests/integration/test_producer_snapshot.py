@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -175,6 +177,56 @@ def wait_snapshots_done(
     raise AssertionError(f"snapshot not done after {timeout}s:\n{producer.log()}")
 
 
+def snapshot_workers(pid: int) -> list[int]:
+    """The producer's snapshot worker processes (multiprocessing's spawned children; not its
+    resource tracker)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children.extend(int(c) for c in (task / "children").read_text().split())
+    return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def assert_worker_sessions(pid: int, workers: int) -> list[int]:
+    """The producer runs ``workers`` snapshot workers, each with one SQL session at most (its
+    TCP connections, from /proc: other producers may share the server, so pg_stat_activity
+    can't tell whose a session is); returns their pids."""
+    pids = snapshot_workers(pid)
+    assert len(pids) == workers, pids
+    connections = 0
+    for p in pids:
+        tcp = set()
+        for table in ("tcp", "tcp6"):
+            for line in Path(f"/proc/{p}/net/{table}").read_text().splitlines()[1:]:
+                tcp.add(line.split()[9])  # the socket's inode
+        held = [
+            fd for fd in Path(f"/proc/{p}/fd").iterdir()
+            if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in tcp
+        ]  # fmt: skip
+        # A worker connects at its first range (one may have had none yet).
+        assert len(held) <= 1, f"worker {p} holds {len(held)} TCP connections"
+        connections += len(held)
+    assert connections >= 1, "no worker has read a range"
+    return pids
+
+
+def wait_gone(pids: list[int], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{p}").exists() for p in pids):
+        assert time.monotonic() < deadline, f"snapshot workers outlived the producer: {pids}"
+        time.sleep(0.2)
+
+
+def assert_read_by_workers(producer: ProducerProcess, workers: int) -> None:
+    """The producer read its chunks with this many snapshot worker processes
+    (producer/snapshot/workers.py), each window split between them."""
+    started = [
+        json.loads(line)
+        for line in producer.log_path.read_text().splitlines()
+        if "snapshot workers starting" in line
+    ]
+    assert started and all(s["workers"] == workers for s in started), producer.log()
+
+
 def assert_same(records: list[Record], topic: str, dsn: str, table: str) -> None:
     lake, pg = replay(records, topic), source_rows(dsn, table)
     missing = sorted(set(pg) - set(lake))[:10]
@@ -196,14 +248,17 @@ def test_initial_snapshot_with_concurrent_writes_is_exact(
     rows = 60_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapi")
+    # Windows of 2,000 rows, split between two snapshot workers (1,000 rows each).
     producer = ProducerProcess(
-        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000
-    )
+        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000,
+        snapshot_workers=2,
+    )  # fmt: skip
     try:
         with Writer(pg_dsn, table, rows) as writer:
             producer.start()
             wait_snapshots_done(producer, table)
         assert writer.transactions > 20, "the writes did not overlap the snapshot"
+        assert_read_by_workers(producer, 2)
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
@@ -236,9 +291,12 @@ def test_initial_snapshot_sends_no_row_twice_across_the_slot_boundary(
     rows = 20_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapb")
+    # Two snapshot workers, 1,000 rows each per window: their reads import the window's
+    # snapshot and keep the slot's boundary.
     producer = ProducerProcess(
-        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=1000
-    )
+        source, kafka_bootstrap, registry_url, snapshot="initial", snapshot_chunk_rows=2000,
+        snapshot_workers=2,
+    )  # fmt: skip
     try:
         # Writes before the slot exists, while it is created, and all through the snapshot.
         with Writer(pg_dsn, table, rows, per_second=40) as writer:
@@ -246,6 +304,7 @@ def test_initial_snapshot_sends_no_row_twice_across_the_slot_boundary(
             producer.start()
             wait_snapshots_done(producer, table)
         assert writer.transactions > 20, "the writes did not overlap the snapshot"
+        assert_read_by_workers(producer, 2)
         assert "initial snapshot bounded by the slot's consistent point" in producer.log()
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
@@ -347,9 +406,11 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
     # 200 transactions/s about 3.5 hot updates per transaction land in them. With 500-row
     # chunks read in a few milliseconds each (watermarks flushed at once, snapshot pacing),
     # 2 runs in 5 saw no update land inside a window.
+    # Each window split between two snapshot workers: a hot row changed in either half is
+    # dropped by the window's one high watermark.
     producer = ProducerProcess(
         source, kafka_bootstrap, registry_url, snapshot="initial",
-        snapshot_chunk_rows=10_000, snapshot_chunk_budget_ms=1000,
+        snapshot_chunk_rows=10_000, snapshot_chunk_budget_ms=1000, snapshot_workers=2,
     )  # fmt: skip
     try:
         producer.start()
@@ -368,6 +429,7 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
         assert record_ms <= event_ms, f"snapshot record at {record_ms}, first event at {event_ms}"
         dropped = metric(producer, "walbridge_snapshot_rows_dropped_total")
         assert dropped > 0, "no chunk row changed between its watermarks: the test proves nothing"
+        assert_read_by_workers(producer, 2)
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
         assert_same(records, topic, pg_dsn, table)
@@ -455,9 +517,9 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
     rows = 120_000
     _create(pg_dsn, table, rows)
     source = Source.create(pg_dsn, [table], "snapk")
-    # 1,200 chunks, a few seconds: a chunk takes a few milliseconds (its watermarks reach the
-    # stream at once), and the kill below must come before the snapshot ends.
-    settings = {"snapshot": "never", "snapshot_chunk_rows": 100}
+    # 60 windows of 2,000 rows, each split between two snapshot worker processes: the kill
+    # below must come before the snapshot ends, and takes the workers with the producer.
+    settings = {"snapshot": "never", "snapshot_chunk_rows": 2000, "snapshot_workers": 2}
     producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
     try:
         producer.start()
@@ -479,11 +541,14 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
             conf = {"bootstrap.servers": kafka_bootstrap}
             while (
                 state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
-            ) is None or state.rows < 2000:
+            ) is None or state.rows < 4000:
                 assert time.monotonic() < deadline, producer.log()
                 time.sleep(0.05)
             assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+            assert producer.proc is not None
+            workers = assert_worker_sessions(producer.proc.pid, 2)
             producer.kill()  # kill -9 in the middle of the snapshot
+            wait_gone(workers)  # they watch their parent: their sessions go with them
             before_restart = writer.transactions
             producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
             producer.start()
@@ -492,11 +557,57 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
         # Resumed from the last chunk Kafka holds, not restarted from the table's start.
         full_log = producer.log_path.read_text().splitlines()
         resumed = [json.loads(line) for line in full_log if "snapshot resumed" in line]
-        assert resumed and resumed[0]["rows_done"] >= 2000, producer.log()
+        assert resumed and resumed[0]["rows_done"] >= 4000, producer.log()
+        assert_read_by_workers(producer, 2)
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)
         assert_same(records, topic, pg_dsn, table)
+    finally:
+        producer.stop()
+        source.drop()
+
+
+def test_a_snapshot_worker_killed_stops_the_snapshot_naming_the_chunk_and_a_restart_resumes(
+    pg_dsn: str, kafka_bootstrap: str, registry_url: str, table: str
+) -> None:
+    rows = 120_000
+    _create(pg_dsn, table, rows)
+    source = Source.create(pg_dsn, [table], "snapw")
+    settings = {"snapshot": "initial", "snapshot_chunk_rows": 2000, "snapshot_workers": 2}
+    producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
+    try:
+        producer.start()
+        assert producer.proc is not None
+        name, deadline = f"public.{table}", time.monotonic() + 120
+        conf = {"bootstrap.servers": kafka_bootstrap}
+        while (
+            state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
+        ) is None or state.rows < 4000:
+            assert time.monotonic() < deadline, producer.log()
+            time.sleep(0.05)
+        assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+        workers = assert_worker_sessions(producer.proc.pid, 2)
+        os.kill(workers[0], signal.SIGKILL)
+        # The next chunk's read fails: the producer stops with an error naming the table and
+        # the chunk (its cursor), instead of going on without that worker's range.
+        assert producer.proc.wait(120) != 0
+        text = producer.log_path.read_text()
+        assert "a snapshot worker process died" in text and name in text, producer.log()
+        # No worker (nor its session) is left behind; a restart resumes, ends equal to the source.
+        wait_gone(workers)
+        producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
+        producer.start()
+        wait_snapshots_done(producer, table)
+        resumed = [
+            json.loads(line)
+            for line in producer.log_path.read_text().splitlines()
+            if "snapshot resumed" in line
+        ]
+        assert resumed and resumed[0]["rows_done"] >= 4000, producer.log()
+        source.wait_confirmed(source.current_lsn())
+        topic = f"{source.prefix}.public.{table}"
+        assert_same(read_all(kafka_bootstrap, registry_url, topic), topic, pg_dsn, table)
     finally:
         producer.stop()
         source.drop()

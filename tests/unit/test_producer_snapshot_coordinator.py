@@ -52,7 +52,7 @@ class FakeReader:
 
     gate: ClassVar[Any] = None
 
-    def __init__(self, dsn: str, sizer: Any, gate: Any) -> None:
+    def __init__(self, dsn: str, sizer: Any, gate: Any, workers: Any = None) -> None:
         FakeReader.gate = gate
 
     def submit(self, window: Window) -> None:
@@ -113,12 +113,20 @@ def published(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     return tables
 
 
+from dataclasses import replace  # noqa: E402
+
+from producer.snapshot.workers import CodecSpec  # noqa: E402
+from schemas.type_mapping import TIMESTAMPTZ_MICROS  # noqa: E402
+
+
 def _coordinator(
     sink: FakeSink,
     stream_delay: Callable[[], float | None] = lambda: None,
     auto_new_tables: bool = False,
+    workers: int = 0,
 ) -> SnapshotCoordinator:
     return SnapshotCoordinator(
+        workers=workers,
         dsn="",
         publication="p",
         sql=SimpleNamespace(run=lambda f: f(None)),
@@ -483,3 +491,48 @@ def test_a_snapshot_replacing_a_lost_slots_rows_starts_a_keyed_table_with_a_trun
     again.tick()
     _run_window(again, [b"3\tc"], 200)
     assert resumed.truncates == [] and len(resumed.reads) == 1
+
+
+def test_rows_encoded_by_workers_are_published_as_read_and_another_codec_reads_again(
+    published: set[str],
+) -> None:
+    """With workers, a window carries its rows encoded (by the route's codec when it opened):
+    the dedup drops changed keys among them as among lines encoded here, and a window encoded
+    with a codec other than the route's at its high watermark is read again, not published."""
+    sink = FakeSink()
+    coord = _coordinator(sink, workers=2)
+    coord.start({}, [NAME], [NAME])
+    coord.tick()
+    window = FakeReader.windows[-1]
+    assert window.spec == CodecSpec.of(CODEC, TIMESTAMPTZ_MICROS)
+    rows = [b"1\ta", b"2\tb", b"3\tc"]
+    encoded = [CODEC.encode_row_key(tuple_data(line, 2)) for line in rows]
+    pairs: list[tuple[bytes, bytes | None]] = [(row, key) for row, _toast, key in encoded]
+    window.encoded = list(pairs)
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.LOW).encode(), 50, True)
+    window.saw(_key(rows[1]))
+    window.saw(_key(rows[0]), unchanged_toast=True)  # read again, by key, from its COPY text
+    window.copy_text = [b"1\ta\n2\tb\n", b"3\tc\n"]  # two ranges
+    window.bytes_read = 30
+    window.cursor_after = ("3",)
+    window.ready.set()
+    coord.on_message(WATERMARK_PREFIX, watermark_content(window.id, Mark.HIGH).encode(), 60, True)
+    coord.on_commit(60)
+    coord.on_confirmed(60)
+    assert sink.reads == [encoded[2][0]]
+    assert sink.last == [encoded[2][0]]
+    assert (sink.states[-1].status, sink.states[-1].rereads) == (DONE, (("1",),))
+
+    # Encoded with another codec (the table changed type since the window opened): read again.
+    FakeReader.windows = []
+    sink2 = FakeSink()
+    again = _coordinator(sink2, workers=2)
+    again.start({}, [NAME], [NAME])
+    again.tick()
+    stale = FakeReader.windows[-1]
+    stale.spec = replace(stale.spec, timestamptz="zoned-string") if stale.spec else None
+    stale.encoded = list(pairs)
+    _run_window(again, rows, 100)
+    assert sink2.reads == []
+    assert len(FakeReader.windows) == 2 and FakeReader.windows[-1].cursor is None
+    assert FakeReader.windows[-1].spec == CodecSpec.of(CODEC, TIMESTAMPTZ_MICROS)
