@@ -50,9 +50,33 @@ def archive_path(home: Path, key: str) -> Path:
     return home / ARCHIVE_DIR / f"driver-{key}.jsa"
 
 
+def size_path(archive: Path) -> Path:
+    return archive.with_name(f"{archive.name}.size")
+
+
+def intact(archive: Path) -> bool:
+    """Whether the archive is there with the size its training run recorded. The JVM maps the
+    file's regions without reading them first: a truncated archive (a full disk, a partial
+    copy) crashed it with SIGBUS, where one that is merely stale only makes it warn."""
+    try:
+        return size_path(archive).read_text().strip() == str(archive.stat().st_size)
+    except OSError:
+        return False
+
+
 def use_options(archive: Path) -> list[str]:
-    """JVM options that map an existing archive; none when it is missing."""
-    return [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+    """JVM options that map the archive; none when it is missing or not whole."""
+    return [f"-XX:SharedArchiveFile={archive}"] if intact(archive) else []
+
+
+def install(partial: Path, archive: Path) -> None:
+    """Put a training run's dump in place: its size first, then the file, each by an atomic
+    rename, so a start in between sees a size that does not match and maps nothing."""
+    size = size_path(archive)
+    size_partial = size.with_name(f"{partial.name}.size")
+    size_partial.write_text(f"{partial.stat().st_size}\n")
+    size_partial.replace(size)
+    partial.replace(archive)
 
 
 def dump_options(partial: Path) -> list[str]:

@@ -7,6 +7,7 @@ Scala binaries always match the Python side.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +20,8 @@ from pyspark.sql import SparkSession
 
 from spark_consumer import checkpoints, class_archive, jar_manifest, object_store
 from spark_consumer.config import SparkSettings
+
+log = logging.getLogger("walbridge.consumer")
 
 SCALA_BINARY = "2.13"
 DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
@@ -166,6 +169,7 @@ def build_session(
     else:
         builder = builder.config("spark.jars", ",".join(recorded))
     java_options = []
+    mapped = False
     if settings.driver_java_options and (master or settings.master).startswith("local"):
         # Only where the driver's JVM runs the executors too (config.SparkSettings says why).
         java_options.append(settings.driver_java_options)
@@ -173,8 +177,9 @@ def build_session(
         java_options += class_archive.dump_options(dump_class_archive)
     elif settings.class_archive and recorded is not None:
         # Without a manifest Ivy decides the jars, and the archive's key is not known yet.
-        archive = driver_class_archive(settings, env, recorded)
-        java_options += class_archive.use_options(archive)
+        mapping = class_archive.use_options(driver_class_archive(settings, env, recorded))
+        mapped = bool(mapping)
+        java_options += mapping
     if java_options:
         builder = builder.config("spark.driver.defaultJavaOptions", " ".join(java_options))
     for key, value in (extra_conf or {}).items():
@@ -184,7 +189,14 @@ def build_session(
         jar_manifest.record_jars(ivy, packages, spark.sparkContext.getConf().get("spark.jars", ""))
         recorded = jar_manifest.recorded_jars(ivy, packages)
     if recorded is not None:
-        spark.conf.set(ARCHIVE_CONF, str(driver_class_archive(settings, env, recorded)))
+        archive = driver_class_archive(settings, env, recorded)
+        spark.conf.set(ARCHIVE_CONF, str(archive))
+        if dump_class_archive is None and settings.class_archive and not mapped:
+            log.info(
+                "no class-data archive for the driver JVM at %s: `walbridge-consumer warm-up` "
+                "writes one, and later starts are faster",
+                archive,
+            )
     # A runtime SQL setting: the core count is known only once the context is up.
     if shuffle_partitions is None and "spark.sql.shuffle.partitions" not in (extra_conf or {}):
         shuffle_partitions = spark.sparkContext.defaultParallelism

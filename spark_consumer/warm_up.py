@@ -98,7 +98,7 @@ def warm_up(env: Mapping[str, str], lake_paths: Iterable[str] = ()) -> Path:
                 f"warm-up: the driver JVM wrote no class-data archive at {partial} "
                 "(its log says why)"
             )
-        partial.replace(archive)
+        class_archive.install(partial, archive)
     finally:
         partial.unlink(missing_ok=True)
     log.info("class-data archive for the driver JVM: %s", archive)

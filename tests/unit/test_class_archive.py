@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spark_consumer import class_archive
+from spark_consumer.config import SparkSettings
 
 JARS = ["file:///ivy/jars/a.jar", "file:///ivy/jars/b.jar"]
 
@@ -20,13 +21,21 @@ def test_the_key_changes_with_the_jdk_the_spark_or_the_jars() -> None:
     assert key(jars=list(reversed(JARS))) != key()
 
 
-def test_a_missing_archive_adds_no_option_an_existing_one_is_mapped(tmp_path: Path) -> None:
+def test_only_a_whole_archive_is_mapped(tmp_path: Path) -> None:
     archive = class_archive.archive_path(tmp_path, key())
     assert archive.parent == tmp_path / class_archive.ARCHIVE_DIR
-    assert class_archive.use_options(archive) == []
+    assert class_archive.use_options(archive) == []  # none yet
     archive.parent.mkdir()
-    archive.write_bytes(b"archive")
+    partial = archive.with_name("warm-up.1.partial")
+    partial.write_bytes(b"archive")
+    class_archive.install(partial, archive)
+    assert not partial.exists()
     assert class_archive.use_options(archive) == [f"-XX:SharedArchiveFile={archive}"]
+    archive.write_bytes(b"arch")  # truncated: the JVM would crash mapping it
+    assert class_archive.use_options(archive) == []
+    archive.write_bytes(b"archive")
+    class_archive.size_path(archive).unlink()  # a file from elsewhere, no recorded size
+    assert class_archive.use_options(archive) == []
 
 
 def test_the_jdk_is_java_home_s_else_the_one_on_path(tmp_path: Path) -> None:
@@ -45,3 +54,8 @@ def test_a_training_run_dumps_where_it_is_told_and_keeps_stdout_clean(tmp_path: 
     options = class_archive.dump_options(tmp_path / "x.partial")
     assert options[0] == f"-XX:ArchiveClassesAtExit={tmp_path / 'x.partial'}"
     assert "-Xlog:cds*=off" in options
+
+
+def test_it_is_on_by_default_and_a_variable_turns_it_off() -> None:
+    assert SparkSettings.from_env({}).class_archive is True
+    assert SparkSettings.from_env({"WALBRIDGE_SPARK_CLASS_ARCHIVE": "false"}).class_archive is False
