@@ -79,11 +79,26 @@ def _stop_jvm(spark: SparkSession) -> None:
     proc.wait(timeout=DUMP_TIMEOUT_S)
 
 
+def _drop_dead_partials(directory: Path) -> None:
+    """A warm-up killed while its JVM was dumping leaves its ~180 MB partial file behind."""
+    for path in directory.glob("warm-up.*.partial"):
+        pid = path.name.split(".")[1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except PermissionError:
+            pass  # another user's live process
+
+
 def warm_up(env: Mapping[str, str], lake_paths: Iterable[str] = ()) -> Path:
     """Write the archive the consumer's sessions will look for; its path."""
     settings = SparkSettings.from_env(env)
     directory = walbridge_home(settings) / class_archive.ARCHIVE_DIR
     directory.mkdir(parents=True, exist_ok=True)
+    _drop_dead_partials(directory)
     partial = directory / f"warm-up.{os.getpid()}.partial"
     try:
         with tempfile.TemporaryDirectory(prefix="walbridge-warm-up-") as scratch:

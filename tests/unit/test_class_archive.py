@@ -59,3 +59,17 @@ def test_a_training_run_dumps_where_it_is_told_and_keeps_stdout_clean(tmp_path: 
 def test_it_is_on_by_default_and_a_variable_turns_it_off() -> None:
     assert SparkSettings.from_env({}).class_archive is True
     assert SparkSettings.from_env({"WALBRIDGE_SPARK_CLASS_ARCHIVE": "false"}).class_archive is False
+
+
+def test_a_dead_warm_up_s_partial_dump_is_removed_a_live_one_kept(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from spark_consumer import warm_up
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process
+    (tmp_path / f"warm-up.{dead.pid}.partial").write_bytes(b"x")
+    (tmp_path / f"warm-up.{os.getpid()}.partial").write_bytes(b"x")
+    warm_up._drop_dead_partials(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"warm-up.{os.getpid()}.partial"]
