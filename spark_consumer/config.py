@@ -318,8 +318,8 @@ class SparkSettings:
     )
     # A cold driver JVM maps the classes of a previous run from a class-data archive
     # (class_archive.py, written by `walbridge-consumer warm-up`) instead of loading them from
-    # the jars again: a cold start's session and first Delta write and read took 0.70 of the
-    # time without it (interleaved runs, bench_session_start.py --class-archive).
+    # the jars again: a cold start's session and first Delta write and read took 0.71-0.74 of the
+    # time without it (interleaved runs, bench_session_start.py --compare class-archive).
     class_archive: bool = setting(
         True,
         env="WALBRIDGE_SPARK_CLASS_ARCHIVE",
