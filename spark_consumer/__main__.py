@@ -1,4 +1,4 @@
-"""`python -m spark_consumer run|verify|maintain|status` (console script `walbridge-consumer`).
+"""`python -m spark_consumer run|verify|maintain|status|warm-up` (console script `walbridge-consumer`).
 
 Exit status, as the producer's: 0 after `run --available-now` or a clean stop and after an
 equal `verify`, 2 for a configuration error (nothing started), 1 when the consumer stopped on a
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("walbridge.consumer")
 
 USAGE = (
-    "usage: walbridge-consumer {run,verify,maintain,status} [options]  "
+    "usage: walbridge-consumer {run,verify,maintain,status,warm-up} [options]  "
     "(--help after the command for options)"
 )
-COMMANDS = ("run", "verify", "maintain", "status")
+COMMANDS = ("run", "verify", "maintain", "status", "warm-up")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     env = os.environ  # read here only; everything below gets its settings
+    if args[0] == "warm-up":
+        return _warm_up(args[1:], env)
     # Every setting is read and checked before Spark starts.
     try:
         spark_settings = SparkSettings.from_env(env)
@@ -68,6 +70,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConsumerError as exc:
         print(f"walbridge-consumer: {exc}", file=sys.stderr)
         return 1
+
+
+def _warm_up(args: Sequence[str], env: Mapping[str, str]) -> int:
+    """Write the driver JVM's class-data archive (spark_consumer/warm_up.py), so that the next
+    cold starts map their classes. `--lake-path URL` (or WALBRIDGE_LAKE_PATH): an s3a:// lake
+    brings the S3 connector's jars, which the archive's key includes."""
+    if args and args[0] in ("-h", "--help"):
+        print(_warm_up.__doc__)
+        return 0
+    lake = env.get("WALBRIDGE_LAKE_PATH", "")
+    if len(args) == 2 and args[0] == "--lake-path":
+        lake = args[1]
+    elif args:
+        print("usage: walbridge-consumer warm-up [--lake-path URL]", file=sys.stderr)
+        return 2
+    try:
+        spark_settings = SparkSettings.from_env(env)
+    except ConfigError as exc:
+        print(f"walbridge-consumer: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=spark_settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from spark_consumer.warm_up import warm_up
+
+    try:
+        print(warm_up(env, lake_paths=(lake,) if lake else ()))
+    except ConsumerError as exc:
+        print(f"walbridge-consumer: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _run(config: ConsumerConfig, env: Mapping[str, str]) -> int:

@@ -316,6 +316,15 @@ class SparkSettings:
         help="spark.driver.defaultJavaOptions of a local[...] driver JVM this process starts "
         '("" = none)',
     )
+    # A cold driver JVM maps the classes of a previous run from a class-data archive
+    # (class_archive.py, written by `walbridge-consumer warm-up`) instead of loading them from
+    # the jars again: a cold start's session and first Delta write and read took 0.71-0.74 of the
+    # time without it (interleaved runs, bench_session_start.py --compare class-archive).
+    class_archive: bool = setting(
+        True,
+        env="WALBRIDGE_SPARK_CLASS_ARCHIVE",
+        help="map the driver JVM's class-data archive when `warm-up` has written one",
+    )
     connector_version: str = setting(
         "",
         env="WALBRIDGE_SPARK_CONNECTOR_VERSION",

@@ -7,9 +7,10 @@ Scala binaries always match the Python side.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 
@@ -17,11 +18,16 @@ import pyarrow as pa
 import pyspark
 from pyspark.sql import SparkSession
 
-from spark_consumer import checkpoints, jar_manifest, object_store
+from spark_consumer import checkpoints, class_archive, jar_manifest, object_store
 from spark_consumer.config import SparkSettings
+
+log = logging.getLogger("walbridge.consumer")
 
 SCALA_BINARY = "2.13"
 DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
+# The class-data archive this session's JVM and jars map (class_archive.py), for warm-up and
+# logs: set whether or not the file exists.
+ARCHIVE_CONF = "spark.walbridge.classArchive"
 
 
 def walbridge_home(settings: SparkSettings) -> Path:
@@ -62,6 +68,18 @@ def maven_packages(settings: SparkSettings) -> list[str]:
     ]
 
 
+def driver_class_archive(
+    settings: SparkSettings, env: Mapping[str, str], spark_jars: Sequence[str]
+) -> Path:
+    """The driver JVM's class-data archive for this JDK, this Spark and these jars
+    (class_archive.py): it may not exist yet."""
+    spark_jars_dir = Path(pyspark.__file__).resolve().parent / "jars"
+    key = class_archive.archive_key(
+        class_archive.java_release(env), pyspark.__version__, str(spark_jars_dir), spark_jars
+    )
+    return class_archive.archive_path(walbridge_home(settings), key)
+
+
 def build_session(
     app_name: str = "walbridge",
     master: str | None = None,
@@ -69,6 +87,7 @@ def build_session(
     extra_conf: dict[str, str] | None = None,
     env: Mapping[str, str] | None = None,
     lake_paths: Iterable[str] = (),
+    dump_class_archive: Path | None = None,
 ) -> SparkSession:
     """A session with Kafka, Avro and Delta; sized for a small machine unless overridden.
 
@@ -80,6 +99,8 @@ def build_session(
     `env` (default: this process's environment) gives the Spark settings (`SparkSettings`) and
     the object store's AWS_* variables, which keep the AWS SDKs' own names; `lake_paths` are
     the lake and checkpoint paths given by flag, so an s3a:// lake brings the S3 connector.
+    `dump_class_archive` (warm-up only) makes the driver JVM write its class-data archive
+    there when it exits, instead of mapping one.
     """
     env = os.environ if env is None else env
     settings = SparkSettings.from_env(env)
@@ -141,20 +162,41 @@ def build_session(
             packages.append(object_store.s3a_package(object_store.hadoop_version(jars)))
         for key, value in object_store.s3a_conf(env).items():
             builder = builder.config(key, value)
-    if settings.driver_java_options and (master or settings.master).startswith("local"):
-        # Only where the driver's JVM runs the executors too (config.SparkSettings says why).
-        builder = builder.config("spark.driver.defaultJavaOptions", settings.driver_java_options)
     # Ivy resolves the packages at every JVM start unless this cache already knows their jars.
     recorded = jar_manifest.recorded_jars(ivy, packages)
     if recorded is None:
         builder = builder.config("spark.jars.packages", ",".join(packages))
     else:
         builder = builder.config("spark.jars", ",".join(recorded))
+    java_options = []
+    mapped = False
+    if settings.driver_java_options and (master or settings.master).startswith("local"):
+        # Only where the driver's JVM runs the executors too (config.SparkSettings says why).
+        java_options.append(settings.driver_java_options)
+    if dump_class_archive is not None:
+        java_options += class_archive.dump_options(dump_class_archive)
+    elif settings.class_archive and recorded is not None:
+        # Without a manifest Ivy decides the jars, and the archive's key is not known yet.
+        mapping = class_archive.use_options(driver_class_archive(settings, env, recorded))
+        mapped = bool(mapping)
+        java_options += mapping
+    if java_options:
+        builder = builder.config("spark.driver.defaultJavaOptions", " ".join(java_options))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if recorded is None:
         jar_manifest.record_jars(ivy, packages, spark.sparkContext.getConf().get("spark.jars", ""))
+        recorded = jar_manifest.recorded_jars(ivy, packages)
+    if recorded is not None:
+        archive = driver_class_archive(settings, env, recorded)
+        spark.conf.set(ARCHIVE_CONF, str(archive))
+        if dump_class_archive is None and settings.class_archive and not mapped:
+            log.info(
+                "no class-data archive for the driver JVM at %s: `walbridge-consumer warm-up` "
+                "writes one, and later starts are faster",
+                archive,
+            )
     # A runtime SQL setting: the core count is known only once the context is up.
     if shuffle_partitions is None and "spark.sql.shuffle.partitions" not in (extra_conf or {}):
         shuffle_partitions = spark.sparkContext.defaultParallelism

@@ -15,6 +15,10 @@ Reported per side and mode: trials, p50, p99 and max seconds; the load average b
 each trial; a JSON result (tests/bench/bench_output.py). Targets: producer p99 < 5 s; consumer
 p50 < 30 s and p99 < 60 s with the load running.
 
+`--compare-class-archive`: each consumer trial runs twice, with and without the driver JVM's
+class-data archive (spark_consumer/class_archive.py), in alternating order, reported as
+`consumer/<mode>/class-archive` and `consumer/<mode>/no-class-archive`.
+
 Run (a quiet machine; about 1 min per consumer trial):
   eval "$(deploy/local/stack env)"
   .walbridge/venv/bin/python tests/bench/bench_recovery.py --trials 10
@@ -49,6 +53,7 @@ from tests.support.producer_harness import sql
 from tests.support.torture_services import ConsumerProcess
 
 TABLE = "bench_recovery.ticks"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Arrivals:
@@ -166,6 +171,51 @@ def consumer_trial(p: Pipeline, consumer: ConsumerProcess, load: bool) -> float:
     return time.time() - kill_at
 
 
+ARCHIVE_VAR = "WALBRIDGE_SPARK_CLASS_ARCHIVE"
+# Name suffix -> the variable's value ("" = the default: the archive if there is one).
+ARMS = {"/class-archive": "true", "/no-class-archive": "false"}
+
+
+def _ensure_class_archive(env: dict[str, str]) -> None:
+    """The consumer's archive, written by `warm-up` with the consumer's own settings (its
+    home and Ivy directory decide the archive's path) unless it is already there."""
+    import subprocess
+
+    from spark_consumer import class_archive, jar_manifest
+    from spark_consumer.config import SparkSettings
+    from spark_consumer.session import driver_class_archive, ivy_dir, maven_packages
+
+    settings = SparkSettings.from_env(env)
+    jars = jar_manifest.recorded_jars(ivy_dir(settings), maven_packages(settings))
+    if jars and class_archive.intact(driver_class_archive(settings, env, jars)):
+        return
+    subprocess.run(
+        [sys.executable, "-m", "spark_consumer", "warm-up"], env=env, check=True, cwd=ROOT
+    )
+
+
+def _trial(
+    p: Pipeline,
+    side: str,
+    mode: str,
+    consumer: ConsumerProcess,
+    writer: Writer,
+    arrivals: Arrivals,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    writer.on.clear()
+    before = wait_quiet(args.quiet_wait_s)  # the quiet-machine rule, before the load too
+    if mode == "load":
+        writer.on.set()
+        time.sleep(5)  # the load reaches both sides first
+    if side == "producer":
+        secs = producer_trial(p, arrivals, mode == "load")
+    else:
+        secs = consumer_trial(p, consumer, mode == "load")
+        time.sleep(5)  # the restarted consumer settles (JIT, first batches)
+    return {"s": round(secs, 2), "load_before": before, "load_after": load1()}
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -189,6 +239,12 @@ def main() -> None:
         default=180.0,
         help="how long each trial waits for a quiet machine (0: to try the script on a busy "
         "one; its trials then do not count)",
+    )
+    ap.add_argument(
+        "--compare-class-archive",
+        action="store_true",
+        help="consumer trials alternate with and without the driver JVM's class-data archive "
+        "(WALBRIDGE_SPARK_CLASS_ARCHIVE; `walbridge-consumer warm-up` first if it is missing)",
     )
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -216,42 +272,43 @@ def main() -> None:
             p.wait_published()
             arrivals = Arrivals(kafka, table_topic(p.prefix, *TABLE.split(".")))
             sides = args.sides.split(",")
+            if "consumer" in sides and args.compare_class_archive:
+                _ensure_class_archive(consumer.env)
             if "consumer" in sides:
                 consumer.start()
                 progress = f"{p.lake}/_walbridge/progress"
                 _until("first batch", lambda: 1.0 if _last_batch(progress) >= 0 else None, 600)
             for side in sides:
                 for mode in ("idle", "load"):
-                    name = f"{side}/{mode}"
-                    results["trials"][name] = runs = []
+                    arms = ARMS if side == "consumer" and args.compare_class_archive else {"": ""}
+                    names = [f"{side}/{mode}{arm}" for arm in arms]
+                    runs_of: dict[str, list[dict[str, float]]] = {n: [] for n in names}
                     for i in range(args.trials):
-                        writer.on.clear()
-                        before = wait_quiet(
-                            args.quiet_wait_s
-                        )  # the quiet-machine rule, before the load too
-                        if mode == "load":
-                            writer.on.set()
-                            time.sleep(5)  # the load reaches both sides first
-                        if side == "producer":
-                            secs = producer_trial(p, arrivals, mode == "load")
-                        else:
-                            secs = consumer_trial(p, consumer, mode == "load")
-                            time.sleep(5)  # the restarted consumer settles (JIT, first batches)
-                        runs.append(
-                            {"s": round(secs, 2), "load_before": before, "load_after": load1()}
-                        )
-                        print(
-                            f"{name} trial {i}: {secs:.2f} s "
-                            f"(load {before:.2f} before, {load1():.2f} after)"
-                        )
-                    secs_list = [r["s"] for r in runs]
-                    # Only trials that started on a quiet machine count.
-                    quiet = [r["s"] for r in runs if r["load_before"] < QUIET_LOAD]
-                    results[name] = {
-                        **(_summary(quiet) if quiet else {"trials": 0}),
-                        "loud_trials": len(secs_list) - len(quiet),
-                    }
-                    print(f"{name}: {results[name]}")
+                        # Alternating order: neither arm always runs first after the load.
+                        for name in names if i % 2 == 0 else list(reversed(names)):
+                            consumer.env[ARCHIVE_VAR] = arms[name.removeprefix(f"{side}/{mode}")]
+                            runs_of[name].append(
+                                _trial(p, side, mode, consumer, writer, arrivals, args)
+                            )
+                            run = runs_of[name][-1]
+                            print(
+                                f"{name} trial {i}: {run['s']:.2f} s (load "
+                                f"{run['load_before']:.2f} before, {run['load_after']:.2f} after)"
+                            )
+                    for name, runs in runs_of.items():
+                        results["trials"][name] = runs
+                        # Only trials that started on a quiet machine count.
+                        quiet = [
+                            r["s"]
+                            for r in runs
+                            if r["load_before"] < QUIET_LOAD or args.quiet_wait_s == 0
+                        ]
+                        results[name] = {
+                            **(_summary(quiet) if quiet else {"trials": 0}),
+                            "loud_trials": len(runs) - len(quiet),
+                        }
+                        print(f"{name}: {results[name]}")
+                    consumer.env.pop(ARCHIVE_VAR, None)
             writer.on.clear()
         finally:
             consumer.stop()
