@@ -15,15 +15,21 @@ the table's schema (`mergeSchema`) without a session setting shared by every tab
 
 from __future__ import annotations
 
+from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
-from spark_consumer import lake_state
+from spark_consumer import file_stats, lake_state
 from spark_consumer.columns import AFTER, BEFORE, COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS, TX_ID
 from spark_consumer.lake_options import TableOptions
 
 DEDUP_KEY = ("commit_lsn", "total_order")
+# The columns whose file statistics anything reads: the dedup's anti join prunes by commit_lsn,
+# and readers ask for what changed after a commit_lsn or in a time range. Delta's default keeps
+# statistics for the first 32 leaf columns, which here are mostly the fields of both images:
+# computed for every row written, and read by no query.
+STATS_COLUMNS = "commit_lsn,total_order,ts_ms"
 
 
 def _image(frame: DataFrame, side: str, opts: TableOptions) -> Column:
@@ -69,7 +75,9 @@ def write(
     commits come before its progress row), so the anti join is skipped."""
     new = rows(changes, opts, deduplicate)
     lake = lake_state.read(spark, path)
-    if lake.exists and lake.version != recorded_version:
+    if not lake.exists:
+        _create(spark, path, new.schema)
+    elif lake.version != recorded_version:
         lo, hi = commit_lsns
         held = (
             spark.read.format("delta")
@@ -80,3 +88,27 @@ def write(
         new = new.join(held, list(DEDUP_KEY), "left_anti")
     (new.write.format("delta").mode("append").option("mergeSchema", "true").save(path))
     return lake_state.read(spark, path).version
+
+
+def _create(spark: SparkSession, path: str, schema: StructType) -> None:
+    """The table, empty, with its statistics columns (an append cannot set table properties).
+    Every column nullable, nested ones too, as the append that created it before made them."""
+    nullable = _nullable(schema)
+    assert isinstance(nullable, StructType)
+    (
+        DeltaTable.createIfNotExists(spark)
+        .location(path)
+        .addColumns(nullable)
+        .property(file_stats.STATS_COLUMNS_PROPERTY, STATS_COLUMNS)
+        .execute()
+    )
+
+
+def _nullable(data_type: DataType) -> DataType:
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in data_type])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(data_type.keyType, _nullable(data_type.valueType), True)
+    return data_type

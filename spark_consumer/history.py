@@ -57,6 +57,7 @@ from spark_consumer.columns import COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS
 from spark_consumer.errors import ApplyError
 from spark_consumer.key_change_toast import resolve_moved_toast
 from spark_consumer.lake_options import TableOptions
+from spark_consumer.lake_state import DELETION_VECTORS
 from spark_consumer.merge import check_names
 from spark_consumer.merge_target import _sql_path
 from spark_consumer.table_changes import TableChanges
@@ -84,8 +85,9 @@ def _meta_fields() -> list[StructField]:
     ]
 
 
-def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> StructType:
-    """Create the history table, or add the source columns it lacks; its schema."""
+def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> tuple[StructType, bool]:
+    """Create the history table, or add the source columns it lacks; its schema, and whether
+    it holds no row (just created, or no data file in its version)."""
     types = {f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns}
     lake = lake_state.read(spark, path)
     if not lake.exists:
@@ -101,19 +103,25 @@ def _ensure(spark: SparkSession, path: str, tc: TableChanges) -> StructType:
             # whole history, a cost growing with it.
             .partitionedBy(CURRENT)
             .property("walbridge.key", ",".join(tc.key))
+            # As the current-state table (merge_target.py): closing a version marks its row
+            # in a deletion vector instead of rewriting its whole file. Changes spread over
+            # the key range touch every file of the open versions, so without them each
+            # batch rewrote the whole open partition, a table as large as the source's.
+            .property(DELETION_VECTORS, "true" if tc.deletion_vectors else "false")
         )
         # A wide table keeps statistics for the columns the batches prune files by.
         stats = file_stats.stats_columns(schema, tc.key[0], FROM_LSN, TO_LSN)
         if stats is not None:
             builder = builder.property(file_stats.STATS_COLUMNS_PROPERTY, stats)
         builder.execute()
-        return schema
+        return schema, True
+    empty = lake.files == 0
     new = [c for c in tc.columns if c not in lake.columns]
     if not new:
-        return lake.schema
+        return lake.schema, empty
     cols = ", ".join(f"`{c}` {types[c].simpleString()}" for c in new)
     spark.sql(f"ALTER TABLE {_sql_path(path)} ADD COLUMNS ({cols})")
-    return lake_state.read(spark, path).schema
+    return lake_state.read(spark, path).schema, empty
 
 
 def _still_open(lo: int, t: str = "") -> Column:
@@ -277,7 +285,7 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
         raise ApplyError(f"table {tc.name}: no commit range for its history")
     check_names(tc.name, (*tc.columns, *tc.key))
     lo = tc.commit_lsns[0]
-    schema = _ensure(spark, path, tc)
+    schema, empty = _ensure(spark, path, tc)
     types = {f.name: f.dataType for f in tc.changes.schema.fields if f.name in tc.columns}
     changes = tc.changes
     toast_cols = [c for c in tc.columns if c in tc.toast_columns]
@@ -297,7 +305,11 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
         try:
             if not source.filter(F.col(HIST_OP) == "r").limit(1).collect():
                 log.debug("history of %s: short form", tc.name)
-                _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
+                if empty:
+                    log.debug("history of %s: appended", tc.name)
+                    _append(path, source.filter(F.col(_KIND) == "v"), tc, schema)
+                else:
+                    _merge(spark, path, source, tc, schema, lo, whole=False, closers=True)
                 return lake_state.read(spark, path).version
         finally:
             source.unpersist()
@@ -332,7 +344,11 @@ def write(spark: SparkSession, path: str, tc: TableChanges, opts: TableOptions) 
         timeline = timeline.drop("#missing")
     versions = _versions(_last_in_tx(timeline, tc.key), tc, opts).persist(CACHE)
     try:
-        _merge(spark, path, versions, tc, schema, lo, whole=bool(points))
+        if empty:
+            log.debug("history of %s: appended", tc.name)
+            _append(path, versions, tc, schema)
+        else:
+            _merge(spark, path, versions, tc, schema, lo, whole=bool(points))
     finally:
         versions.unpersist()
         if toast_cols:
@@ -397,6 +413,23 @@ def _short_form_source(events: DataFrame, tc: TableChanges) -> DataFrame:
         F.lit("c").alias(_KIND),
     )
     return versions.unionByName(closers, allowMissingColumns=True)
+
+
+def _append(path: str, versions: DataFrame, tc: TableChanges, schema: StructType) -> None:
+    """Write the versions into a history table that holds no row: what the MERGE would do (it
+    can match nothing, so it inserts every version and no closer finds a version to close),
+    without its join and its second pass over the source. One commit, as the MERGE's. A replay
+    finds the rows this wrote, so it takes the MERGE, which writes the same rows again."""
+    types = {f.name: f.dataType for f in schema.fields}
+    sent = set(tc.columns) | set(HISTORY_META)
+    # A column the source no longer sends is NULL in a new version, as in the MERGE's insert.
+    rows = versions.select(
+        *[
+            (F.col(c) if c in sent else F.lit(None)).cast(types[c]).alias(c)
+            for c in schema.fieldNames()
+        ]
+    )
+    rows.write.format("delta").mode("append").save(path)
 
 
 def _merge(

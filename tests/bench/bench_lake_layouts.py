@@ -65,6 +65,19 @@ def main() -> None:
         help="the consumer's maintenance budget (default: the consumer's; 0: no maintenance "
         "between batches, to see what it adds to each layout)",
     )
+    ap.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        help="Kafka records per batch at most (default: the consumer's, which takes the whole "
+        "backlog below 1M records in one batch into empty tables; a smaller cap shows the "
+        "steady-state batches, whose history MERGEs close open versions)",
+    )
+    ap.add_argument(
+        "--any-load",
+        action="store_true",
+        help="start each run at once and count it whatever the load (to iterate on a busy "
+        "machine: the figures are then indicative only)",
+    )
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     dsn = os.environ["WALBRIDGE_PG_DSN"]
@@ -95,11 +108,11 @@ def main() -> None:
             p.wait_published(3600)
             p.producer.stop()
             changes = args.transactions * CHANGES_PER_TX + args.accounts + 110
-            maintenance = (
-                {}
-                if args.lake_maintenance_budget is None
-                else {"lake_maintenance_budget": args.lake_maintenance_budget}
-            )
+            overrides: dict[str, float] = {}
+            if args.lake_maintenance_budget is not None:
+                overrides["lake_maintenance_budget"] = args.lake_maintenance_budget
+            if args.max_offsets_per_trigger is not None:
+                overrides["max_offsets_per_trigger"] = args.max_offsets_per_trigger
 
             def run(layout: str, name: str) -> float:
                 lake = str(Path(tmp) / name / "lake")
@@ -109,14 +122,14 @@ def main() -> None:
                     lake_path=lake,
                     checkpoint_path=str(Path(tmp) / name / "checkpoint"),
                     lake_tables_config=layout_options(layout, tables),
-                    **maintenance,
+                    **overrides,
                 )
                 took = time.perf_counter() - t0
                 proc.close()
                 applied = sum(r.applied_transactions for r in proc.reports)
                 if applied < args.transactions:
                     raise SystemExit(f"{layout}: applied {applied} of {args.transactions}")
-                return took
+                return took, len(proc.reports)
 
             run("plain", "warm-up")  # untimed: the JVM's first batches
             took: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
@@ -124,13 +137,15 @@ def main() -> None:
             for r in range(args.rounds):
                 order = LAYOUTS if r % 2 == 0 else tuple(reversed(LAYOUTS))
                 for layout in order:
-                    before = wait_quiet()  # the quiet-machine rule (docs/benchmarks.md)
-                    secs = run(layout, f"{layout}-{r}")
+                    # The quiet-machine rule (docs/benchmarks.md), unless --any-load.
+                    before = load1() if args.any_load else wait_quiet()
+                    secs, batches = run(layout, f"{layout}-{r}")
                     # Only runs started below the quiet load count in the medians.
-                    (took if before < QUIET_LOAD else loud)[layout].append(secs)
+                    quiet = args.any_load or before < QUIET_LOAD
+                    (took if quiet else loud)[layout].append(secs)
                     print(
-                        f"{layout:>9} run {r}: {changes / secs:,.0f} changes/s ({secs:.1f} s), "
-                        f"load {before:.2f} before, {load1():.2f} after"
+                        f"{layout:>9} run {r}: {changes / secs:,.0f} changes/s ({secs:.1f} s, "
+                        f"{batches} batches), load {before:.2f} before, {load1():.2f} after"
                     )
             if not all(took.values()):
                 raise SystemExit(
@@ -145,6 +160,7 @@ def main() -> None:
                 f"{rate['history']:,.0f}, changelog {rate['changelog']:,.0f}; history ÷ plain "
                 f"{rate['history'] / rate['plain']:.2f} (target >= 0.7), changelog ÷ plain "
                 f"{rate['changelog'] / rate['plain']:.2f} (target >= 0.9)"
+                + (" [--any-load: indicative only]" if args.any_load else "")
             )
     finally:
         sql(dsn, f"DROP SCHEMA IF EXISTS {s} CASCADE")

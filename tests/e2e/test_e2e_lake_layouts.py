@@ -211,6 +211,9 @@ def test_every_layout_option_against_the_audit_history(
             forms = [r.getMessage() for r in caplog.records if r.getMessage().startswith("history")]
             assert f"history of {s}.t: full form" in forms, forms
             assert forms.count(f"history of {s}.u: short form") >= 2, forms
+            # The first batch found both history tables empty: appended, not MERGEd.
+            assert forms.count(f"history of {s}.t: appended") == 1, forms
+            assert forms.count(f"history of {s}.u: appended") == 1, forms
             _check_changelog(spark, p.lake, s, audit, last)
             _check_soft_deletes(p, pg_dsn, table, last)
             _check_change_feed(spark, p.lake, s, first, last)
