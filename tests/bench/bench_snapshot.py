@@ -429,7 +429,7 @@ def main() -> None:
                         f" workers {split.get('workers', 0) / args.rows * 1e6:.2f};"
                         f" peak RSS {peak_kb / 1024:.0f} MB, largest worker"
                         f" {split.get('worker_rss_kb', 0) / 1024:.0f} MB;"
-                        f" load {before:.1f} -> {os.getloadavg()[0]:.1f})"
+                        f" load {before:.2f} -> {os.getloadavg()[0]:.2f})"
                     )
             with Busy(background) as copy_after_cpu:
                 copy_after = time_copy(dsn, schema)
