@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -87,6 +88,20 @@ class Bank:
         self.by_lsn[lsn] = dict(self.balances)
         self.processor(self.log.frame(self.spark, tx.records()), n)
         self.batches += 1
+
+    def read_at(self, batch_id: int | None, **kw: Any) -> consistent_read.ConsistentRead:
+        """Every table at the progress row ``batch_id`` (None: the latest)."""
+        return consistent_read.read_at(
+            self.spark,
+            self.config.lake_path,
+            batch_id,
+            lambda n: self.config.table_path(*n.split(".")),
+            **kw,
+        )
+
+    def check_every_row(self) -> None:
+        for batch_id in range(self.batches):
+            self.check_read(self.read_at(batch_id))
 
     def check_read(self, read: consistent_read.ConsistentRead) -> None:
         got = {r["id"]: r["balance"] for r in read.tables["bank.accounts"].collect()}
@@ -177,22 +192,12 @@ def test_many_batches_compaction_vacuum_and_reads_within_the_window(
     assert kept_rows and expired, (kept_rows, expired)
     assert kept_rows[-1] == b.batches - 1  # the latest row is never expired
     for batch_id in kept_rows:
-        b.check_read(
-            consistent_read.read_at(
-                spark,
-                b.config.lake_path,
-                batch_id,
-                lambda n: b.config.table_path(*n.split(".")),
-                now_ms=vacuumed_at_ms,
-            )
-        )
+        b.check_read(b.read_at(batch_id, now_ms=vacuumed_at_ms))
     for batch_id in expired[:1] + expired[-1:]:
         with pytest.raises(
             consistent_read.ExpiredReadError, match="older than the consistent-read retention"
         ):
-            consistent_read.read_at(
-                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
-            )
+            b.read_at(batch_id)
     # VACUUM did delete: the first batches' files, removed by an early compaction, are gone,
     # and Delta refuses their version rather than read what is left.
     assert early_files and early_files - data_files(b.table)
@@ -271,9 +276,7 @@ def test_optimize_committed_inside_a_merge_is_retried_never_applied_twice(
     # the OPTIMIZE's commit (Delta 4.0 was seen to do that here).
     assert after == ["OPTIMIZE", "MERGE"], (after, conflicts)
     b.batch()  # and the next batch applies normally
-    read = consistent_read.read_at(
-        spark, b.config.lake_path, None, lambda n: b.config.table_path(*n.split("."))
-    )
+    read = b.read_at(None)
     b.check_read(read)
     assert read.batch_id == b.batches - 1
 
@@ -293,11 +296,34 @@ def test_retention_properties_and_vacuum_keep_a_named_version(
     assert not maintenance.set_retention(spark, b.table, retention)  # already set: no commit
     spark.sql(f"VACUUM {maintenance.sql_path(b.table)}").collect()  # a user's, by the property
     for batch_id in range(3):
-        b.check_read(
-            consistent_read.read_at(
-                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
-            )
-        )
+        b.check_read(b.read_at(batch_id))
+
+
+def kill_maintain_when(
+    b: Bank, moment: Callable[[], bool], *args: str, poll_s: float = 0.02
+) -> None:
+    """Run `walbridge-consumer maintain` (with ``args``) in its own process group and kill -9
+    the group (Python and its JVM) once ``moment()`` is true; it must not have ended first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_HELPER")} | {
+        "WALBRIDGE_LAKE_PATH": b.config.lake_path
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_consumer", "maintain", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the kill reaches the JVM too
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not moment():
+            time.sleep(poll_s)
+        assert proc.poll() is None, "maintain ended before the kill"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def test_kill_9_during_compaction_then_maintain_again(spark: SparkSession, tmp_path: Path) -> None:
@@ -309,46 +335,17 @@ def test_kill_9_during_compaction_then_maintain_again(spark: SparkSession, tmp_p
         b.batch()
     before = data_files(b.table)
     version = lake_state.read(spark, b.table).version
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_HELPER")} | {
-        "WALBRIDGE_LAKE_PATH": b.config.lake_path
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_consumer", "maintain", "--lake-small-files-max", "0"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the kill reaches the JVM too
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if data_files(b.table) - before:  # OPTIMIZE wrote its file, has not finished
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "maintain ended before the kill"
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    # Killed once OPTIMIZE wrote its file, before it finished.
+    kill_maintain_when(b, lambda: bool(data_files(b.table) - before), "--lake-small-files-max", "0")
     # The kill may have come before or after OPTIMIZE's commit; either way the lake is whole.
-    for batch_id in range(b.batches):
-        b.check_read(
-            consistent_read.read_at(
-                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
-            )
-        )
+    b.check_every_row()
     lines = maintain(spark, MaintainConfig(lake_path=b.config.lake_path, lake_small_files_max=0))
     assert any(line.startswith("bank/accounts: compacted") for line in lines), lines
     history = DeltaTable.forPath(spark, b.table).history().collect()
     assert "OPTIMIZE" in [h["operation"] for h in history if h["version"] > version]
     assert lake_state.read(spark, b.table).files == 1
     b.batch()  # and the consumer goes on
-    b.check_read(
-        consistent_read.read_at(
-            spark, b.config.lake_path, None, lambda n: b.config.table_path(*n.split("."))
-        )
-    )
+    b.check_read(b.read_at(None))
     tables, oldest_ms = status(spark, MaintainConfig(lake_path=b.config.lake_path))
     by_name = {t.name: t for t in tables}
     assert set(by_name) == {"bank/accounts", "_walbridge/progress"}
@@ -388,45 +385,16 @@ def test_kill_9_during_vacuum_then_maintain_again(spark: SparkSession, tmp_path:
             1 for e in os.scandir(junk_dir) if e.name.endswith("-killed-writer.c000.snappy.parquet")
         )
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WALBRIDGE_HELPER")} | {
-        "WALBRIDGE_LAKE_PATH": b.config.lake_path
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_consumer", "maintain"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the kill reaches the JVM too
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None and left() == len(junk):
-            time.sleep(0.01)
-        assert proc.poll() is None, "maintain ended before the kill"
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    kill_maintain_when(b, lambda: left() < len(junk), poll_s=0.01)  # VACUUM started deleting
     remaining = left()
     # Killed inside the VACUUM: it had started deleting (and logged its start), not finished.
     assert 0 < remaining < len(junk), remaining
     ops = _operations(b.table)
     assert ops[-1] == "VACUUM START", ops[-3:]
-    for batch_id in range(b.batches):
-        b.check_read(
-            consistent_read.read_at(
-                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
-            )
-        )
+    b.check_every_row()
     lines = maintain(spark, MaintainConfig(lake_path=b.config.lake_path))
     assert "bank/accounts: vacuumed" in lines, lines
     assert left() == 0
     assert _operations(b.table)[-2:] == ["VACUUM START", "VACUUM END"]
     b.batch()  # and the consumer goes on
-    for batch_id in range(b.batches):
-        b.check_read(
-            consistent_read.read_at(
-                spark, b.config.lake_path, batch_id, lambda n: b.config.table_path(*n.split("."))
-            )
-        )
+    b.check_every_row()

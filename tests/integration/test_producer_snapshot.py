@@ -235,6 +235,37 @@ def assert_same(records: list[Record], topic: str, dsn: str, table: str) -> None
     assert not (missing or extra or differ), f"missing {missing} extra {extra} differ {differ}"
 
 
+def wait_past_first_chunks(
+    source: Source, bootstrap: str, table: str, producer: ProducerProcess, rows: int = 4000
+) -> None:
+    """Until Kafka holds a resume record of ``table`` past ``rows``, the snapshot not done. The
+    record is written after its chunk's transaction is acknowledged, so a kill before that
+    rightly starts the table over, which says nothing about resuming."""
+    name, deadline = f"public.{table}", time.monotonic() + 120
+    conf = {"bootstrap.servers": bootstrap}
+    while (
+        state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
+    ) is None or state.rows < rows:
+        assert time.monotonic() < deadline, producer.log()
+        time.sleep(0.05)
+    assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+
+
+def assert_resumed(producer: ProducerProcess, rows: int = 4000) -> None:
+    """The restarted producer resumed from a chunk past ``rows``, not from the table's start."""
+    log = producer.log_path.read_text().splitlines()
+    resumed = [json.loads(line) for line in log if "snapshot resumed" in line]
+    assert resumed and resumed[0]["rows_done"] >= rows, producer.log()
+
+
+def assert_topic_equals_source(
+    source: Source, bootstrap: str, registry_url: str, dsn: str, table: str
+) -> None:
+    source.wait_confirmed(source.current_lsn())
+    topic = f"{source.prefix}.public.{table}"
+    assert_same(read_all(bootstrap, registry_url, topic), topic, dsn, table)
+
+
 @pytest.fixture
 def table(pg_dsn: str) -> Iterator[str]:
     name = unique("snap")
@@ -534,17 +565,8 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
             )
             assert asked.returncode == 0, asked.stderr
             assert f"snapshot requested for public.{table}" in asked.stdout
-            # Killed once Kafka holds a resume record past the first chunks. The record is
-            # written after its chunk's transaction is acknowledged, so a kill before that
-            # rightly starts the table over, which says nothing about resuming.
-            name, deadline = f"public.{table}", time.monotonic() + 120
-            conf = {"bootstrap.servers": kafka_bootstrap}
-            while (
-                state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
-            ) is None or state.rows < 4000:
-                assert time.monotonic() < deadline, producer.log()
-                time.sleep(0.05)
-            assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+            # Killed once Kafka holds a resume record past the first chunks.
+            wait_past_first_chunks(source, kafka_bootstrap, table, producer)
             assert producer.proc is not None
             workers = assert_worker_sessions(producer.proc.pid, 2)
             producer.kill()  # kill -9 in the middle of the snapshot
@@ -555,14 +577,9 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
             wait_snapshots_done(producer, table)
             assert writer.transactions > before_restart
         # Resumed from the last chunk Kafka holds, not restarted from the table's start.
-        full_log = producer.log_path.read_text().splitlines()
-        resumed = [json.loads(line) for line in full_log if "snapshot resumed" in line]
-        assert resumed and resumed[0]["rows_done"] >= 4000, producer.log()
+        assert_resumed(producer)
         assert_read_by_workers(producer, 2)
-        source.wait_confirmed(source.current_lsn())
-        topic = f"{source.prefix}.public.{table}"
-        records = read_all(kafka_bootstrap, registry_url, topic)
-        assert_same(records, topic, pg_dsn, table)
+        assert_topic_equals_source(source, kafka_bootstrap, registry_url, pg_dsn, table)
     finally:
         producer.stop()
         source.drop()
@@ -579,35 +596,22 @@ def test_a_snapshot_worker_killed_stops_the_snapshot_naming_the_chunk_and_a_rest
     try:
         producer.start()
         assert producer.proc is not None
-        name, deadline = f"public.{table}", time.monotonic() + 120
-        conf = {"bootstrap.servers": kafka_bootstrap}
-        while (
-            state := snapshot_state.load(conf, f"{source.prefix}.snapshot").get(name)
-        ) is None or state.rows < 4000:
-            assert time.monotonic() < deadline, producer.log()
-            time.sleep(0.05)
-        assert state.status != snapshot_state.DONE, "the snapshot ended before the kill"
+        wait_past_first_chunks(source, kafka_bootstrap, table, producer)
         workers = assert_worker_sessions(producer.proc.pid, 2)
         os.kill(workers[0], signal.SIGKILL)
         # The next chunk's read fails: the producer stops with an error naming the table and
         # the chunk (its cursor), instead of going on without that worker's range.
         assert producer.proc.wait(120) != 0
         text = producer.log_path.read_text()
-        assert "a snapshot worker process died" in text and name in text, producer.log()
+        assert "a snapshot worker process died" in text, producer.log()
+        assert f"public.{table}" in text, producer.log()
         # No worker (nor its session) is left behind; a restart resumes, ends equal to the source.
         wait_gone(workers)
         producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
         producer.start()
         wait_snapshots_done(producer, table)
-        resumed = [
-            json.loads(line)
-            for line in producer.log_path.read_text().splitlines()
-            if "snapshot resumed" in line
-        ]
-        assert resumed and resumed[0]["rows_done"] >= 4000, producer.log()
-        source.wait_confirmed(source.current_lsn())
-        topic = f"{source.prefix}.public.{table}"
-        assert_same(read_all(kafka_bootstrap, registry_url, topic), topic, pg_dsn, table)
+        assert_resumed(producer)
+        assert_topic_equals_source(source, kafka_bootstrap, registry_url, pg_dsn, table)
     finally:
         producer.stop()
         source.drop()
