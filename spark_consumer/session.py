@@ -168,6 +168,8 @@ def build_session(
         builder = builder.config("spark.jars.packages", ",".join(packages))
     else:
         builder = builder.config("spark.jars", ",".join(recorded))
+    # Without a manifest Ivy decides the jars, and the archive's key is known only after.
+    archive = None if recorded is None else driver_class_archive(settings, env, recorded)
     java_options = []
     mapped = False
     if settings.driver_java_options and (master or settings.master).startswith("local"):
@@ -175,9 +177,8 @@ def build_session(
         java_options.append(settings.driver_java_options)
     if dump_class_archive is not None:
         java_options += class_archive.dump_options(dump_class_archive)
-    elif settings.class_archive and recorded is not None:
-        # Without a manifest Ivy decides the jars, and the archive's key is not known yet.
-        mapping = class_archive.use_options(driver_class_archive(settings, env, recorded))
+    elif settings.class_archive and archive is not None:
+        mapping = class_archive.use_options(archive)
         mapped = bool(mapping)
         java_options += mapping
     if java_options:
@@ -188,8 +189,9 @@ def build_session(
     if recorded is None:
         jar_manifest.record_jars(ivy, packages, spark.sparkContext.getConf().get("spark.jars", ""))
         recorded = jar_manifest.recorded_jars(ivy, packages)
-    if recorded is not None:
-        archive = driver_class_archive(settings, env, recorded)
+        if recorded is not None:
+            archive = driver_class_archive(settings, env, recorded)
+    if archive is not None:
         spark.conf.set(ARCHIVE_CONF, str(archive))
         if dump_class_archive is None and settings.class_archive and not mapped:
             log.info(
