@@ -90,7 +90,8 @@ def eight_column(
     natural = {
         "id": i, "name": f"customer name {i}", "amount": amount, "created": created,
         "doc": doc.decode(), "active": True,
-        "tags": {"dims": [3], "lower_bounds": [1], "elements": ["alpha", "beta", f"gamma delta {i}"]},
+        # A one-dimensional array from index 1 is the union's plain-array branch (contract 3).
+        "tags": ["alpha", "beta", f"gamma delta {i}"],
         "mood": "happy",
     }  # fmt: skip
     return cols, text, binary, natural
