@@ -32,12 +32,13 @@ report.
 The services are the local stack's (deploy/local/stack): the harness kills them through their
 pid files and brings them back with `stack up <service>` (torture_services.py, with the
 supervisor and the aimed consumer kill). The load is torture_workload.py; the checks' pure logic
-and the fault schedule are torture_checks.py. This module runs the cycles and the checks.
+and the fault schedule are torture_checks.py; the options and the command line
+torture_options.py; what is read from the lake (the progress snapshots, each cycle's recovery)
+torture_lake.py. This module runs the cycles and the checks.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -49,8 +50,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 import psycopg
@@ -62,6 +62,8 @@ from tests.support import lake_reader, toxiproxy_stack
 from tests.support import torture_checks as tc
 from tests.support.producer_harness import ProducerProcess, Source, TopicReader, query, unique
 from tests.support.scratch_stack import free_block, port_free
+from tests.support.torture_lake import RecoveryWatcher, check_progress_snapshots
+from tests.support.torture_options import CycleResult, Options, parse
 from tests.support.torture_services import (
     ROOT,
     ConsumerProcess,
@@ -75,123 +77,7 @@ from tests.support.torture_workload import TOTAL, Workload
 from tests.support.toxiproxy_server import toxiproxy_server
 from tests.support.toxiproxy_stack import TortureLinks
 
-
-def check_progress_snapshots(lake: Path, schema: str, total: int) -> dict[str, Any]:
-    """The invariant in every lake state a progress row names (each table VERSION AS OF the
-    row's table_versions), read with delta-rs. A (table, version) is summed once."""
-    paths = {t: str(lake / schema / t) for t in ("checking", "savings", "history")}
-    cache: dict[tuple[str, int], tuple[int, int]] = {}
-
-    def money(table: str, versions: dict[str, int]) -> tuple[int, int]:
-        """(sum, rows) of the table in this state."""
-        version = versions.get(f"{schema}.{table}")
-        if version is None:
-            return 0, 0  # not in the lake yet at this point
-        key = (table, version)
-        if key not in cache:
-            column = "delta" if table == "history" else "balance"
-            cache[key] = lake_reader.table_totals(paths[table], version, column)
-        return cache[key]
-
-    violations: list[str] = []
-    if not (lake / "_walbridge" / "progress" / "_delta_log").is_dir():
-        return {
-            "checked": 0,
-            "checked_positions": [],
-            "table_versions_read": 0,
-            "violations": ["no progress table"],
-        }
-    rows = lake_reader.progress_rows(str(lake))
-    checked: list[int] = []  # positions (in batch order) of the rows whose state was read
-    for position, row in enumerate(rows):
-        v = row["table_versions"]
-        (checking, c_rows), (savings, s_rows), (history, h_rows) = (
-            money(t, v) for t in ("checking", "savings", "history")
-        )
-        sums = tc.Sums(checking, savings, history, c_rows + s_rows + h_rows)
-        problem = tc.invariant_violation(sums, total)
-        if problem is not None:
-            violations.append(f"batch {row['batch_id']} {v}: {problem}")
-        checked.append(position)
-    return {
-        "checked": len(checked),
-        "checked_positions": checked,
-        "table_versions_read": len(cache),
-        "violations": violations,
-    }
-
-
-class RecoveryWatcher(threading.Thread):
-    """Times each cycle's recovery: from the fault until the lake's progress reached a
-    transaction that committed after the fault struck (at or after the WAL position then)."""
-
-    def __init__(self, lake: Path) -> None:
-        super().__init__(daemon=True)
-        self.lake = lake
-        self.waiting: list[tuple[CycleResult, int, float]] = []
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-
-    def expect(self, result: CycleResult, lsn: int, struck: float) -> None:
-        with self.lock:
-            self.waiting.append((result, lsn, struck))
-
-    def run(self) -> None:
-        while not self.stopping.wait(0.5):
-            self.poll()
-
-    def poll(self) -> None:
-        try:
-            applied = lake_reader.latest_commit_lsn(str(self.lake))
-        except Exception:  # a log entry being written: read again next time
-            return
-        if applied is None:
-            return
-        now = time.monotonic()
-        with self.lock:
-            for result, _lsn, struck in [w for w in self.waiting if w[1] <= applied]:
-                result.recovery_s = round(now - struck, 1)
-                log(f"cycle {result.number}: recovered in {result.recovery_s}s")
-            self.waiting = [w for w in self.waiting if w[1] > applied]
-
-
 # -- one run -------------------------------------------------------------------------------------
-
-
-@dataclass
-class Options:
-    cycles: int
-    seconds_per_cycle: float
-    seed: int
-    report: Path | None = None
-    faults: tuple[str, ...] = tc.CHOICES
-    workers: int = 2
-    pause_s: float = 0.25
-    trigger: str = "3 seconds"
-    recovery_timeout_s: float = 600.0
-    aim_timeout_s: float = 90.0
-    # A fault waits this long for the consumer's next batch since the previous fault (a cycle
-    # counts only with one), then strikes anyway; 0: strike on schedule.
-    commit_wait_s: float = 600.0
-    work_dir: Path | None = None
-    keep: bool = False
-    check_only: bool = False  # only the checks, on what a run left in work_dir
-
-
-@dataclass
-class CycleResult:
-    number: int
-    faults: list[str]
-    at_s: float
-    schema_change: str | None = None
-    details: list[dict[str, Any]] = field(default_factory=list)
-    recovery_s: float | None = None
-    error: str | None = None
-    kinds: list[str] = field(default_factory=list)  # the faults' kinds ("double" for two)
-    counted: bool = True  # a new progress row since the previous fault, when this one struck
-    waited_for_batch_s: float = 0.0  # how long the fault waited for that row
-    progress_rows_at_fault: int = 0
-    progress_rows_after_fault: int = 0
 
 
 class Run:
@@ -692,72 +578,6 @@ def run(options: Options, stack_env: dict[str, str] | None = None) -> dict[str, 
         options.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(line, flush=True)
     return report
-
-
-def parse(argv: list[str]) -> Options:
-    width = max(len(k) for k in tc.KIND_HELP)
-    p = argparse.ArgumentParser(
-        prog="deploy/local/torture",
-        description="Faults drawn from a seed strike the running pipeline cycle after cycle; "
-        "then nothing may be lost, diverged or half-visible in the lake.",
-        epilog="fault kinds (--faults; a network fault strikes one link, through Toxiproxy:\n"
-        f"{', '.join(tc.LINKS)}):\n"
-        + "\n".join(f"  {k:<{width}}  {h}" for k, h in tc.KIND_HELP.items()),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--cycles", type=int, required=True)
-    p.add_argument("--seconds-per-cycle", type=float, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--report", type=Path, help="write the JSON report here")
-    p.add_argument(
-        "--faults",
-        default=",".join(tc.CHOICES),
-        help="fault kinds to strike, comma-separated, each as often as the others (default: every kind; listed below)",
-    )
-    p.add_argument("--workers", type=int, default=2, help="load threads (default 2)")
-    p.add_argument(
-        "--pause-s", type=float, default=0.25, help="pause between a worker's transactions"
-    )
-    p.add_argument("--trigger", default="3 seconds", help="the consumer's trigger interval")
-    p.add_argument("--recovery-timeout-s", type=float, default=600.0)
-    p.add_argument(
-        "--commit-wait-s",
-        type=float,
-        default=600.0,
-        help="a fault first waits this long for the consumer's next batch since the previous "
-        "fault (a cycle counts only with one), then strikes anyway; 0: on schedule",
-    )
-    p.add_argument(
-        "--aim-timeout-s",
-        type=float,
-        default=90.0,
-        help="a consumer kill waits this long for its moment (a MERGE, the progress write), "
-        "then strikes anyway (reported as not aimed)",
-    )
-    p.add_argument(
-        "--work-dir",
-        type=Path,
-        help="lake, checkpoint, logs (default under WALBRIDGE_HOME/torture)",
-    )
-    p.add_argument("--keep", action="store_true", help="keep the slot and publication afterwards")
-    p.add_argument(
-        "--check-only",
-        action="store_true",
-        help="run only the final checks on what the run in --work-dir left (same --seed, "
-        "--cycles, --seconds-per-cycle): for a run that was interrupted",
-    )
-    a = p.parse_args(argv)
-    if a.cycles < 1 or a.seconds_per_cycle <= 0:
-        p.error("--cycles must be >= 1 and --seconds-per-cycle > 0")
-    try:
-        faults = tc.parse_faults(a.faults)
-    except ValueError as exc:
-        p.error(f"--faults: {exc}")
-    return Options(
-        a.cycles, a.seconds_per_cycle, a.seed, a.report, faults, a.workers,
-        a.pause_s, a.trigger, a.recovery_timeout_s, a.aim_timeout_s, a.commit_wait_s,
-        a.work_dir, a.keep, a.check_only,
-    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

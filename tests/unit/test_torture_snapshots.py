@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from tests.support.torture import check_progress_snapshots
+from tests.support.torture_lake import check_progress_snapshots
 
 S = "tort"
 TOTAL = 400
