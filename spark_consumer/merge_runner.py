@@ -210,12 +210,19 @@ class MergeRunner:
             commit_lsns=(lo, hi),
             cache=self._columns,
         )
-        applied = layout.apply_current(self.spark, tc)
-        self._lake[path] = applied
         if layout.plain:
+            applied = layout.apply_current(self.spark, tc)
+            self._lake[path] = applied
             return {work.collection: applied.version}
-        extras = layout.write_extras(self.spark, tc, with_images, recorded)
-        return {work.collection: applied.version, **extras}
+        # The layout's tables (history, changelog) read only the batch's changes and their own
+        # tables, never the current-state one: written on a thread of their own beside its
+        # MERGE, so the table takes the longer of the two, not their sum (the MERGE's planning
+        # and commit leave the cores idle for a while). Both come before the progress row.
+        with ThreadPoolExecutor(max_workers=1) as beside:
+            extras = beside.submit(layout.write_extras, self.spark, tc, with_images, recorded)
+            applied = layout.apply_current(self.spark, tc)
+            self._lake[path] = applied
+            return {work.collection: applied.version, **extras.result()}
 
     def layout(self, table: DecodedTable, collection: str) -> lake_layouts.Layout:
         """The table's options and its layout's tables (lake_layouts.py)."""
