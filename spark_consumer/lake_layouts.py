@@ -6,8 +6,9 @@ batch's write path, called by merge_runner.py for each touched table.
   changelog) ever holds them. A left-out key column is an error: the MERGE needs it.
 - The current-state table: the guarded MERGE (merge.py), or its soft-delete form
   (soft_deletes.py); with `change_data_feed`, Delta's change data feed is on for the table.
-- After it, in the same batch: the history table (history.py) and the changelog table
-  (changelog.py), each named in the progress row's `table_versions`.
+- Beside it, in the same batch (on a thread of their own, merge_runner.py): the history table
+  (history.py) and the changelog table (changelog.py), each named in the progress row's
+  `table_versions`.
 
 Every write here is idempotent for a replay of the batch, as the current-state MERGE is.
 """
