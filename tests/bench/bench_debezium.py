@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from bench_producer import stack_env, update
 from bench_replication import create_workload, generate
 from debezium_harness import (
     DebeziumProcess,
+    drop_slots_and_publication,
     install_debezium,
     read_topic,
     slots_and_publication,
@@ -344,28 +344,9 @@ def run_throughput(env: dict[str, str], changes: int, tx_size: int) -> None:
             f"after start-up {theirs_steady / ours_steady:.2f}"
         )
     finally:
-        with slots_and_publication_cleanup(dsn, publication, slots):
-            pass
+        drop_slots_and_publication(dsn, publication, slots)
         with psycopg.connect(dsn, autocommit=True) as db:
             db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-
-
-@contextmanager
-def slots_and_publication_cleanup(dsn: str, publication: str, slots: list[str]) -> Iterator[None]:
-    yield
-    with psycopg.connect(dsn, autocommit=True) as db:
-        for slot in slots:
-            for _ in range(50):
-                try:
-                    db.execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                        " WHERE slot_name = %s",
-                        (slot,),
-                    )
-                    break
-                except psycopg.errors.ObjectInUse:
-                    time.sleep(0.2)
-        db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
 
 
 # --- latency -------------------------------------------------------------------------------

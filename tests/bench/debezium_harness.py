@@ -191,16 +191,22 @@ def slots_and_publication(
     try:
         yield
     finally:
-        with psycopg.connect(dsn, autocommit=True) as db:
-            for slot in slots:
-                for _ in range(50):
-                    try:
-                        db.execute(
-                            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                            " WHERE slot_name = %s",
-                            (slot,),
-                        )
-                        break
-                    except psycopg.errors.ObjectInUse:
-                        time.sleep(0.2)
-            db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
+        drop_slots_and_publication(dsn, publication, slots)
+
+
+def drop_slots_and_publication(dsn: str, publication: str, slots: list[str]) -> None:
+    """Drop the run's slots (each retried while its reader is still letting go of it) and its
+    publication; a slot or publication already gone is no error."""
+    with psycopg.connect(dsn, autocommit=True) as db:
+        for slot in slots:
+            for _ in range(50):
+                try:
+                    db.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                        " WHERE slot_name = %s",
+                        (slot,),
+                    )
+                    break
+                except psycopg.errors.ObjectInUse:
+                    time.sleep(0.2)
+        db.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))

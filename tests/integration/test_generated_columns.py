@@ -13,7 +13,6 @@ Cases that need 18 skip on older servers, saying which version ran."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from tests.support.producer_harness import (
     sql,
     unique,
 )
+from tests.support.snapshot_checks import wait_snapshots_done
 
 pytestmark = pytest.mark.integration
 
@@ -249,23 +249,6 @@ def test_verify_names_every_skipped_column_with_its_reason(schema: Schema) -> No
         )
 
 
-def _wait_snapshot_done(producer: ProducerProcess, table: str, runs: int) -> None:
-    """Until the producer logged the table's ``runs``-th "snapshot done" and is not
-    snapshotting anything."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        done = [
-            line
-            for line in producer.log_path.read_text().splitlines()
-            if '"snapshot done"' in line and f'"{table}"' in line
-        ]
-        status, body = producer.http("/readyz")
-        if len(done) >= runs and status == 200 and "snapshotting" not in body:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"snapshot {runs} of {table} not done:\n{producer.log()}")
-
-
 def test_snapshots_and_streamed_changes_carry_the_stored_generated_column(
     schema: Schema, kafka_bootstrap: str, registry_url: str
 ) -> None:
@@ -280,7 +263,7 @@ def test_snapshots_and_streamed_changes_carry_the_stored_generated_column(
     producer = ProducerProcess(source, kafka_bootstrap, registry_url, snapshot="initial")
     try:
         producer.start()
-        _wait_snapshot_done(producer, t, runs=1)
+        wait_snapshots_done(producer, t, timeout=180, runs=1)
         sql(
             dsn,
             f"INSERT INTO {t} (id, a, b) SELECT g, g, 'n' || g FROM generate_series(501, 520) g",
@@ -291,7 +274,7 @@ def test_snapshots_and_streamed_changes_carry_the_stored_generated_column(
             "SELECT pg_logical_emit_message(true, 'walbridge.signal', "
             f"'{json.dumps({'snapshot': [t]})}')",
         )
-        _wait_snapshot_done(producer, t, runs=2)
+        wait_snapshots_done(producer, t, timeout=180, runs=2)
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.{t}"
         records = TopicReader(kafka_bootstrap, registry_url).read_to_end([topic])

@@ -72,7 +72,7 @@ def test_initial_snapshot_with_concurrent_writes_is_exact(
     try:
         with Writer(pg_dsn, table, rows) as writer:
             producer.start()
-            wait_snapshots_done(producer, table)
+            wait_snapshots_done(producer, f"public.{table}")
         assert writer.transactions > 20, "the writes did not overlap the snapshot"
         assert_read_by_workers(producer, 2)
         source.wait_confirmed(source.current_lsn())
@@ -118,7 +118,7 @@ def test_initial_snapshot_sends_no_row_twice_across_the_slot_boundary(
         with Writer(pg_dsn, table, rows, per_second=40) as writer:
             time.sleep(1)
             producer.start()
-            wait_snapshots_done(producer, table)
+            wait_snapshots_done(producer, f"public.{table}")
         assert writer.transactions > 20, "the writes did not overlap the snapshot"
         assert_read_by_workers(producer, 2)
         assert "initial snapshot bounded by the slot's consistent point" in producer.log()
@@ -232,7 +232,7 @@ def test_table_added_while_running_is_snapshotted_and_the_watermarks_drop_change
         producer.start()
         with Writer(pg_dsn, table, rows, hot=range(1, 20_000, 25), per_second=200):
             sql(pg_dsn, f"ALTER PUBLICATION {source.publication} ADD TABLE {table}")
-            wait_snapshots_done(producer, table)
+            wait_snapshots_done(producer, f"public.{table}")
         source.wait_confirmed(source.current_lsn())
         assert "table added to the publication; snapshot queued" in producer.log_path.read_text()
         # The table's snapshot record (what makes the consumer list it in `snapshotting`) was
@@ -306,7 +306,7 @@ def test_a_commit_waiting_for_a_synchronous_standby_is_seen_by_the_chunk_read(
             assert "snapshotting" in producer.http("/readyz")[1], producer.log()
             admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
             admin.execute("SELECT pg_reload_conf()")  # releases the waiting commits
-        wait_snapshots_done(producer, table)
+        wait_snapshots_done(producer, f"public.{table}")
         source.wait_confirmed(source.current_lsn())
         records = read_all(kafka_bootstrap, registry_url, topic)
         assert sum(r.value["op"] == "r" for r in records) == rows
@@ -359,7 +359,7 @@ def test_signal_and_kill_during_snapshot_resume_from_the_last_chunk(
             before_restart = writer.transactions
             producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
             producer.start()
-            wait_snapshots_done(producer, table)
+            wait_snapshots_done(producer, f"public.{table}")
             assert writer.transactions > before_restart
         # Resumed from the last chunk Kafka holds, not restarted from the table's start.
         assert_resumed(producer)
@@ -394,7 +394,7 @@ def test_a_snapshot_worker_killed_stops_the_snapshot_naming_the_chunk_and_a_rest
         wait_gone(workers)
         producer = ProducerProcess(source, kafka_bootstrap, registry_url, **settings)
         producer.start()
-        wait_snapshots_done(producer, table)
+        wait_snapshots_done(producer, f"public.{table}")
         assert_resumed(producer)
         assert_topic_equals_source(source, kafka_bootstrap, registry_url, pg_dsn, table)
     finally:
@@ -439,7 +439,7 @@ def test_table_without_a_key_keeps_equal_rows_exact(
                 assert time.monotonic() < deadline, producer.log()
                 conn.execute(f"INSERT INTO {table} VALUES (-1, 'dup'), (7, 'p7')")
                 time.sleep(0.01)
-        wait_snapshots_done(producer, table)
+        wait_snapshots_done(producer, f"public.{table}")
         source.wait_confirmed(source.current_lsn())
         topic = f"{source.prefix}.public.{table}"
         records = read_all(kafka_bootstrap, registry_url, topic)

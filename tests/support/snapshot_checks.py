@@ -144,20 +144,21 @@ def source_rows(dsn: str, table: str) -> dict[int, tuple[int, str | None]]:
 def wait_snapshots_done(
     producer: ProducerProcess, table: str, timeout: float = 300.0, runs: int = 1
 ) -> None:
-    """Until the table's snapshot is done (``runs``: the how-manieth "snapshot done" line of
-    the table in the log) and nothing else is being snapshotted."""
+    """Until the snapshot of ``table`` (named as the producer's log names it, `schema.table`)
+    is done (``runs``: the how-manieth "snapshot done" line of the table in the log) and
+    nothing else is being snapshotted."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = [
             line
             for line in producer.log_path.read_text().splitlines()
-            if '"snapshot done"' in line and f'"public.{table}"' in line
+            if '"snapshot done"' in line and f'"{table}"' in line
         ]
         status, body = producer.http("/readyz")
         if len(done) >= runs and status == 200 and "snapshotting" not in body:
             return
         time.sleep(0.5)
-    raise AssertionError(f"snapshot not done after {timeout}s:\n{producer.log()}")
+    raise AssertionError(f"snapshot {runs} of {table} not done after {timeout}s:\n{producer.log()}")
 
 
 def snapshot_workers(pid: int) -> list[int]:
