@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from spark_consumer import file_stats, lake_state
-from spark_consumer.columns import AFTER, BEFORE, COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS, TX_ID
+from spark_consumer.columns import BEFORE, COMMIT_LSN, OP, TOAST, TOTAL_ORDER, TS_MS, TX_ID
 from spark_consumer.lake_options import TableOptions
 
 DEDUP_KEY = ("commit_lsn", "total_order")
@@ -30,26 +30,32 @@ DEDUP_KEY = ("commit_lsn", "total_order")
 # statistics for the first 32 leaf columns, which here are mostly the fields of both images:
 # computed for every row written, and read by no query.
 STATS_COLUMNS = "commit_lsn,total_order,ts_ms"
+AFTER_OPS = ("c", "r", "u")  # the events whose flat columns are their `after` row
 
 
-def _image(frame: DataFrame, side: str, opts: TableOptions) -> Column:
-    """The event's row on one side, with only the columns the lake may keep."""
-    struct = frame.schema[side].dataType
+def _images(frame: DataFrame, opts: TableOptions) -> tuple[Column, Column]:
+    """The event's `before` and `after` rows, with only the columns the lake may keep.
+
+    `before` is the decoded `_before` image (decode.py). `after` is built here from the flat
+    columns, which hold a c/r/u event's `after` row as they are (a d event's flat columns are
+    its `before` row, a t event's are empty): one struct per event at write time, instead of
+    one more in every cached event of the batch. The row's columns, in their order, are the
+    `_before` image's fields, which decode.py selects from the same writer schemas."""
+    struct = frame.schema[BEFORE].dataType
     assert isinstance(struct, StructType)
     kept = opts.kept(struct.fieldNames())
-    return F.when(
-        F.col(side).isNotNull(), F.struct(*[F.col(side)[c].alias(c) for c in kept])
-    ).alias(side.lstrip("_"))
+    before = F.when(F.col(BEFORE).isNotNull(), F.struct(*[F.col(BEFORE)[c].alias(c) for c in kept]))
+    after = F.when(F.col(OP).isin(*AFTER_OPS), F.struct(*[F.col(c) for c in kept]))
+    return before.alias("before"), after.alias("after")
 
 
 def rows(changes: DataFrame, opts: TableOptions, deduplicate: bool = True) -> DataFrame:
-    """The changelog rows of a table's applied events (`changes`, decoded with images); with
-    `deduplicate`, one per dedup key (the batch's plan says when no event came twice: then the
-    shuffle of every event with both its images is saved)."""
+    """The changelog rows of a table's applied events (`changes`, decoded with the `before`
+    image); with `deduplicate`, one per dedup key (the batch's plan says when no event came
+    twice: then the shuffle of every event with both its images is saved)."""
     out = changes.select(
         F.col(OP).alias("op"),
-        _image(changes, BEFORE, opts),
-        _image(changes, AFTER, opts),
+        *_images(changes, opts),
         F.col(COMMIT_LSN).alias("commit_lsn"),
         F.col(TX_ID).alias("tx_id"),
         F.col(TOTAL_ORDER).alias("total_order"),

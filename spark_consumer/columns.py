@@ -21,9 +21,10 @@ LAKE_META = (COMMIT_LSN, TOTAL_ORDER, OP, TS_MS)
 TOPIC, PARTITION, OFFSET, FIRST_SEEN = "_topic", "_partition", "_offset", "_first_seen"
 SCHEMA, TABLE, TX_ID, TOAST, OK = "_schema", "_table", "_tx_id", "_unchanged_toast", "_ok"
 WORK_META = (TOPIC, PARTITION, OFFSET, FIRST_SEEN, SCHEMA, TABLE, TX_ID, TOAST)
-# The event's whole `before` and `after` rows (lake columns), decoded only for tables that keep
-# a raw changelog (lake_options.py); never in a current-state table.
-BEFORE, AFTER = "_before", "_after"
+# The event's whole `before` row (lake columns), decoded only for tables that keep a raw
+# changelog (lake_options.py; its `after` row is the flat columns); never in a current-state
+# table.
+BEFORE = "_before"
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,7 @@ def row_fields(envelope: Mapping[str, Any]) -> tuple[RowField, ...]:
         RowField(f["name"], f["type"], f.get("pg.type"), f.get("pg.name")) for f in record["fields"]
     )
     clash = [
-        f.name
-        for f in out
-        if f.name in LAKE_META or f.name in WORK_META or f.name in (OK, BEFORE, AFTER)
+        f.name for f in out if f.name in LAKE_META or f.name in WORK_META or f.name in (OK, BEFORE)
     ]
     if clash:
         raise ValueError(f"source column(s) {clash} clash with the consumer's own column names")

@@ -13,7 +13,6 @@ from pyspark.sql.avro.functions import from_avro
 
 from spark_consumer.codegen_stable import sql_name
 from spark_consumer.columns import (
-    AFTER,
     BEFORE,
     COMMIT_LSN,
     FIRST_SEEN,
@@ -83,8 +82,10 @@ def event_columns(
 ) -> list[Column]:
     """What `table_events` selects from the decoded envelopes of one writer schema.
 
-    `images` adds the event's whole `before` and `after` rows as the struct columns `_before`
-    and `_after` (the changelog table's, changelog.py), in the lake's column forms.
+    `images` adds the event's whole `before` row as the struct column `_before` (the changelog
+    table's, changelog.py), in the lake's column forms. Its `after` row is the flat columns of
+    a c/r/u event, so the changelog builds it from them rather than the batch caching every
+    event's values twice.
 
     The row is `after` for c/r/u and `before` for d (the old key, or the full old row under
     REPLICA IDENTITY FULL); t carries no row. A create that follows a key change also names
@@ -130,19 +131,14 @@ def event_columns(
         decoded_ok("op").alias(OK),
         *[c for f in fields for c in conversions.apply(row[f.name], f)],
         *from_cols,
-        *(_images(fields, conversions) if images else []),
+        *([_before_image(fields, conversions)] if images else []),
     ]
 
 
-def _images(fields: tuple[RowField, ...], conversions: FieldConversions) -> list[Column]:
-    env = F.col(ENV)
-
-    def image(side: str) -> Column:
-        row = env[side]
-        cols = [c for f in fields for c in conversions.apply(row[f.name], f)]
-        return F.when(row.isNotNull(), F.struct(*cols))
-
-    return [image("before").alias(BEFORE), image("after").alias(AFTER)]
+def _before_image(fields: tuple[RowField, ...], conversions: FieldConversions) -> Column:
+    before = F.col(ENV)["before"]
+    cols = [c for f in fields for c in conversions.apply(before[f.name], f)]
+    return F.when(before.isNotNull(), F.struct(*cols)).alias(BEFORE)
 
 
 def marker_columns() -> list[Column]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_consumer import changelog, history, lake_options, lake_state, merge, soft_deletes
-from spark_consumer.columns import AFTER, BEFORE, OP, TOAST
+from spark_consumer.columns import BEFORE, OP, TOAST
 from spark_consumer.errors import ApplyError
 from spark_consumer.lake_options import TableOptions
 from spark_consumer.table_changes import TableChanges
@@ -77,7 +77,7 @@ class Layout:
                 f"table {self.collection}: the lake tables config leaves out key column(s) "
                 f"{left_out_key}; the lake needs the key (leave them in)"
             )
-        images = [c for c in (BEFORE, AFTER) if c in changes.columns]
+        images = [BEFORE] if BEFORE in changes.columns else []  # a changelog's tables only
         narrowed = changes.drop(*dropped)
         return (
             narrowed.drop(*images),

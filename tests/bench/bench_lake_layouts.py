@@ -12,10 +12,13 @@ the layouts in turn:
 - `history`: `history = true` on the three keyed tables;
 - `changelog`: `changelog = true` on all four tables.
 
-The runs alternate (plain, history, changelog, then again in reverse order with --rounds 2),
-after an untimed warm-up run on the same JVM, so no layout always meets the warmest JVM.
+The runs alternate (plain, history, changelog, then again in reverse order, --rounds times),
+after untimed warm-up runs on the same JVM (--warm-up-runs), so no layout always meets the
+warmest JVM: a young JVM's runs keep getting faster for several runs (on 2026-12-02, after one
+warm-up run, plain took 16.5k changes/s in its first round and 25.5k in its second).
 Reported: each layout's changes/s (the median over its runs) and the ratios history ÷ plain
-(target >= 0.7) and changelog ÷ plain (target >= 0.9).
+(target >= 0.7) and changelog ÷ plain (target >= 0.9) of those medians; beside them, the
+ratio of each round's runs, which cancels the machine's drift between rounds.
 
 Run (figures in docs/lake-layouts.md, to be taken on a quiet machine):
   eval "$(deploy/local/stack env)"
@@ -58,7 +61,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transactions", type=int, default=100_000)
     ap.add_argument("--accounts", type=int, default=100_000)
-    ap.add_argument("--rounds", type=int, default=2, help="timed runs of each layout")
+    ap.add_argument("--rounds", type=int, default=4, help="timed runs of each layout")
+    ap.add_argument(
+        "--warm-up-runs", type=int, default=2, help="untimed plain runs first, on the same JVM"
+    )
     ap.add_argument(
         "--lake-maintenance-budget",
         type=float,
@@ -114,7 +120,7 @@ def main() -> None:
             if args.max_offsets_per_trigger is not None:
                 overrides["max_offsets_per_trigger"] = args.max_offsets_per_trigger
 
-            def run(layout: str, name: str) -> float:
+            def run(layout: str, name: str) -> tuple[float, int]:
                 lake = str(Path(tmp) / name / "lake")
                 t0 = time.perf_counter()
                 proc = p.consume_available(
@@ -131,9 +137,11 @@ def main() -> None:
                     raise SystemExit(f"{layout}: applied {applied} of {args.transactions}")
                 return took, len(proc.reports)
 
-            run("plain", "warm-up")  # untimed: the JVM's first batches
+            for w in range(args.warm_up_runs):  # untimed: the JVM's first batches
+                run("plain", f"warm-up-{w}")
             took: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
             loud: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+            by_round: dict[int, dict[str, float]] = {}
             for r in range(args.rounds):
                 order = LAYOUTS if r % 2 == 0 else tuple(reversed(LAYOUTS))
                 for layout in order:
@@ -143,6 +151,8 @@ def main() -> None:
                     # Only runs started below the quiet load count in the medians.
                     quiet = args.any_load or before < QUIET_LOAD
                     (took if quiet else loud)[layout].append(secs)
+                    if quiet:
+                        by_round.setdefault(r, {})[layout] = secs
                     print(
                         f"{layout:>9} run {r}: {changes / secs:,.0f} changes/s ({secs:.1f} s, "
                         f"{batches} batches), load {before:.2f} before, {load1():.2f} after"
@@ -162,6 +172,15 @@ def main() -> None:
                 f"{rate['changelog'] / rate['plain']:.2f} (target >= 0.9)"
                 + (" [--any-load: indicative only]" if args.any_load else "")
             )
+            for layout in ("history", "changelog"):
+                # A round's layout run ÷ its plain run (time of plain ÷ time of the layout).
+                per = [t["plain"] / t[layout] for t in by_round.values() if len(t) == 3]
+                if per:
+                    print(
+                        f"{layout} ÷ plain per round: "
+                        + ", ".join(f"{x:.2f}" for x in per)
+                        + f"; median {statistics.median(per):.2f}"
+                    )
     finally:
         sql(dsn, f"DROP SCHEMA IF EXISTS {s} CASCADE")
         spark.stop()
