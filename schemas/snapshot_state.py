@@ -118,3 +118,21 @@ def follow(before: frozenset[str], records: list[tuple[bytes, bytes | None]]) ->
         else:
             out.add(table)
     return frozenset(out)
+
+
+def unfinished_in_batch(
+    before: frozenset[str], records: list[tuple[bytes, bytes | None]], whole: bool
+) -> tuple[frozenset[str], frozenset[str]]:
+    """A consumer batch's unfinished snapshots, and those to check against the topic's latest
+    records: (unfinished, to_check).
+
+    ``records``: the batch's records of the snapshot topic; ``whole``: the batch read every
+    record Kafka had (no cap cut it short). A snapshot counts as finished only in a whole
+    batch: a capped one may have read the "done" record ahead of the snapshot's last rows
+    (the consumer's batch.py says why). A table unfinished before and not named in a whole
+    batch may have had its "done" read by an earlier, capped batch: to check."""
+    mentioned = {key.decode() for key, _value in records}
+    after = follow(before, records)
+    if not whole:
+        return after | before | mentioned, frozenset()
+    return after, frozenset(t for t in before if t not in mentioned)

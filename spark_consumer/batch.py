@@ -375,20 +375,39 @@ class BatchProcessor:
     ) -> frozenset[str]:
         """The producer's unfinished snapshots: the last progress row's, updated by this
         batch's records of ``<prefix>.snapshot`` (one per chunk: a few per batch, collected
-        only when the batch has any)."""
+        only when the batch has any).
+
+        A table stays unfinished until the lake holds its snapshot's last rows, not only
+        until the batch reads the record that says the snapshot is done. Under a cap on
+        records per batch, Spark's Kafka source gives each partition a share of the cap in
+        proportion to its backlog, so the snapshot topic (a record per chunk) can be read
+        batches ahead of the data topics: a batch could read the "done" record while updates
+        of rows not yet read, and the snapshot's reads of them, are still to come. So "done"
+        takes effect in a batch that read every record Kafka had (fewer than the cap): every
+        record written before the "done" record is then in it or in an earlier batch. A
+        table kept unfinished so is checked against the topic's latest record by the next
+        such batch (``snapshot_state.unfinished_in_batch``)."""
         topic = snapshot_topic(self.config.topic_prefix)
-        if not any(t == topic for t, _p, _o in framing.offsets):
-            return before.snapshotting
-        rows = (
-            raw.filter(F.col("topic") == topic)
-            .select("key", "value", "partition", "offset")
-            .orderBy("partition", "offset")
-            .collect()
-        )
-        return snapshot_state.follow(
-            before.snapshotting,
-            [(bytes(r["key"]), None if r["value"] is None else bytes(r["value"])) for r in rows],
-        )
+        cap = self.config.max_offsets_per_trigger
+        seen = [
+            (bytes(r["key"]), None if r["value"] is None else bytes(r["value"]))
+            for r in (
+                raw.filter(F.col("topic") == topic)
+                .select("key", "value", "partition", "offset")
+                .orderBy("partition", "offset")
+                .collect()
+                if any(t == topic for t, _p, _o in framing.offsets)
+                else []
+            )
+        ]
+        whole = not cap or framing.read < cap  # Spark's cap did not cut this batch short
+        unfinished, to_check = snapshot_state.unfinished_in_batch(before.snapshotting, seen, whole)
+        if not to_check:
+            return unfinished
+        conf = {**self.config.kafka_config, "bootstrap.servers": self.config.kafka_bootstrap}
+        latest = snapshot_state.load(conf, topic)
+        # No record (a tombstone) or a complete one: done.
+        return unfinished - {t for t in to_check if t not in latest or latest[t].complete}
 
     def _save_pending(
         self,
