@@ -386,7 +386,10 @@ class BatchProcessor:
         takes effect in a batch that read every record Kafka had (fewer than the cap): every
         record written before the "done" record is then in it or in an earlier batch. A
         table kept unfinished so is checked against the topic's latest record by the next
-        such batch (``snapshot_state.unfinished_in_batch``)."""
+        such batch (``snapshot_state.unfinished_in_batch``). The start of a snapshot can be
+        read late in the same way, so a capped batch also counts every snapshot the topic's
+        latest records show unfinished (the topic is small: one record per table). The
+        progress row's ``snapshotting`` is this set."""
         topic = snapshot_topic(self.config.topic_prefix)
         cap = self.config.max_offsets_per_trigger
         seen = [
@@ -402,10 +405,14 @@ class BatchProcessor:
         ]
         whole = not cap or framing.read < cap  # Spark's cap did not cut this batch short
         unfinished, to_check = snapshot_state.unfinished_in_batch(before.snapshotting, seen, whole)
-        if not to_check:
+        if whole and not to_check:
             return unfinished
         conf = {**self.config.kafka_config, "bootstrap.servers": self.config.kafka_bootstrap}
         latest = snapshot_state.load(conf, topic)
+        if not whole:
+            # The start of a snapshot can lag too: a table's first record may lie past what
+            # the cap let this batch read of the snapshot topic, its rows not.
+            return unfinished | {t for t, s in latest.items() if not s.complete}
         # No record (a tombstone) or a complete one: done.
         return unfinished - {t for t in to_check if t not in latest or latest[t].complete}
 
