@@ -212,11 +212,12 @@ def main() -> None:
                 env,
                 r"ratio producer / pg_recvlogical = ([0-9.]+)",
             )
+            # The producer's default worker count (--snapshot-workers 0: the cores, capped).
             snapshot_ratio = run_bench(
                 "bench_snapshot.py",
-                ["--rows", str(args.rows)],
+                ["--rows", str(args.rows), "--workers", "0"],
                 env,
-                r"ratio rows/s snapshot/COPY: ([0-9.]+)",
+                r"ratio rows/s snapshot/COPY, 0 worker\(s\): ([0-9.]+)",
             )
         finally:
             stack.run("down", "postgres")
