@@ -132,7 +132,6 @@ def unfinished_in_batch(
     (the consumer's batch.py says why). A table unfinished before and not named in a whole
     batch may have had its "done" read by an earlier, capped batch: to check."""
     mentioned = {key.decode() for key, _value in records}
-    after = follow(before, records)
-    if not whole:
-        return after | before | mentioned, frozenset()
-    return after, frozenset(t for t in before if t not in mentioned)
+    if not whole:  # what follow() would say is a subset of this
+        return before | mentioned, frozenset()
+    return follow(before, records), frozenset(t for t in before if t not in mentioned)

@@ -392,17 +392,17 @@ class BatchProcessor:
         progress row's ``snapshotting`` is this set."""
         topic = snapshot_topic(self.config.topic_prefix)
         cap = self.config.max_offsets_per_trigger
-        seen = [
-            (bytes(r["key"]), None if r["value"] is None else bytes(r["value"]))
-            for r in (
+        seen: list[tuple[bytes, bytes | None]] = []
+        if any(t == topic for t, _p, _o in framing.offsets):
+            rows = (
                 raw.filter(F.col("topic") == topic)
                 .select("key", "value", "partition", "offset")
                 .orderBy("partition", "offset")
                 .collect()
-                if any(t == topic for t, _p, _o in framing.offsets)
-                else []
             )
-        ]
+            seen = [
+                (bytes(r["key"]), None if r["value"] is None else bytes(r["value"])) for r in rows
+            ]
         whole = not cap or framing.read < cap  # Spark's cap did not cut this batch short
         unfinished, to_check = snapshot_state.unfinished_in_batch(before.snapshotting, seen, whole)
         if whole and not to_check:

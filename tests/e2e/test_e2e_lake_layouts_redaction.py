@@ -117,6 +117,11 @@ def test_left_out_columns_and_layouts_through_a_snapshot_and_a_big_transaction(
         sql(pg_dsn, f"DROP SCHEMA {s} CASCADE")
 
 
+def _untouched(deleted: list[int]) -> list[int]:
+    """The existing rows no change of the stream touched: the odd ids not deleted."""
+    return [k for k in range(1, EXISTING + 1, 2) if k not in deleted]
+
+
 def _read(
     spark: SparkSession, path: str, last: dict[str, Any], table: str, kind: str
 ) -> list[dict[str, Any]]:
@@ -148,8 +153,7 @@ def _check_history(
                 assert a["big"] is not None or (b["__op"] == "r" and b["big"]), (key, versions)
             assert versions[-1]["big"], (key, versions)
     # A row the stream never touched: one version, its snapshot row.
-    untouched = [k for k in range(1, EXISTING + 1, 2) if k not in deleted]
-    for key in untouched:
+    for key in _untouched(deleted):
         assert [r["__op"] for r in by_key[key]] == ["r"], (key, by_key[key])
 
 
@@ -163,6 +167,5 @@ def _check_changelog(changelog: list[dict[str, Any]], deleted: list[int]) -> Non
     # The big transaction's updates, inserts and deletes, and the one later update.
     assert streamed == {"u": EXISTING // 2 + 1, "c": INSERTED, "d": len(deleted)}, streamed
     snapshot = Counter(r["after"]["id"] for r in changelog if r["op"] == "r")
-    untouched = [k for k in range(1, EXISTING + 1, 2) if k not in deleted]
-    assert all(snapshot[k] == 1 for k in untouched), snapshot
+    assert all(snapshot[k] == 1 for k in _untouched(deleted)), snapshot
     assert set(snapshot) <= set(range(1, EXISTING + 1))
