@@ -138,6 +138,18 @@ def subscribe_pattern(prefix: str) -> str:
     return rf"\Q{prefix}\E\.(?!heartbeat$|message$|offsets$).+"
 
 
+def subscribed(prefix: str, topic: str) -> bool:
+    """Whether ``subscribe_pattern(prefix)`` matches ``topic`` (the same rule, in Python)."""
+    head = f"{prefix}."
+    if not topic.startswith(head) or len(topic) == len(head):
+        return False
+    return classify(prefix, topic) not in (
+        TopicKind.HEARTBEAT,
+        TopicKind.MESSAGE,
+        TopicKind.OFFSETS,
+    )
+
+
 def classify(prefix: str, topic: str) -> TopicKind:
     head = f"{prefix}."
     if not topic.startswith(head):

@@ -31,10 +31,13 @@ from pyspark.sql import functions as F
 from schemas import snapshot_state
 from schemas.topics import message_topic, snapshot_topic
 from spark_consumer import (
+    batch_cap,
     batch_framing,
     checkpoints,
     codegen_stable,
     freed_memory,
+    kafka_ends,
+    offset_log,
     pending,
     pending_redaction,
     progress,
@@ -50,7 +53,13 @@ from spark_consumer.columns import COMMIT_LSN, FIRST_SEEN, OFFSET, OK, PARTITION
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.conversions import DEFAULT_CONVERSIONS, FieldConversions
 from spark_consumer.delta_version import table_version
-from spark_consumer.errors import ConfigError, RecordError, TransactionError, UnknownSchemaError
+from spark_consumer.errors import (
+    ConfigError,
+    ConsumerError,
+    RecordError,
+    TransactionError,
+    UnknownSchemaError,
+)
 from spark_consumer.maintenance_runner import Maintainer
 from spark_consumer.merge_runner import MergeRunner
 from spark_consumer.metrics import ConsumerMetrics
@@ -90,6 +99,8 @@ class BatchProcessor:
         # The progress row of the last batch this process applied: this job is the table's
         # only writer, so it is read from Delta once, at the first batch.
         self._last: progress.Progress | None = None
+        # The Kafka end offsets of the last batch whose offsets log entry was read (_planned).
+        self._last_planned: tuple[int, batch_cap.Offsets] | None = None
         self.checkpoints = checkpoints.Checkpointer(spark)
         # Expressions every batch builds alike (per writer schema, table key): once per process.
         self._columns = ColumnCache()
@@ -110,7 +121,7 @@ class BatchProcessor:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
-            report = self.process(batch, batch_id)
+            report = self.process(batch, batch_id, from_query=True)
         finally:
             freed_memory.release()
         self.reports.append(report)
@@ -122,7 +133,10 @@ class BatchProcessor:
         """Let the Delta checkpoint in progress finish (the others wait for the next run)."""
         self.checkpoints.close()
 
-    def process(self, batch: DataFrame, batch_id: int) -> BatchReport:
+    def process(self, batch: DataFrame, batch_id: int, from_query: bool = False) -> BatchReport:
+        """Apply one batch. ``from_query``: the batch comes from the streaming query, whose
+        offsets log tells where Spark's Kafka source started and ended it (a batch given
+        directly, as tests do, was cut by no cap)."""
         started = time.perf_counter()
         cfg = self.config
         before = self._last or progress.latest(self.spark, cfg.progress_path)
@@ -139,7 +153,7 @@ class BatchProcessor:
         framed = batch_framing.framed(self.spark, batch, before, cfg.pending_path).persist(CACHE)
         persisted: list[DataFrame] = [framed]
         try:
-            after, report = self._process(framed, persisted, batch_id, before, now_ms)
+            after, report = self._process(framed, persisted, batch_id, before, now_ms, from_query)
         except BaseException:
             self._merges.forget()  # a table may have committed after its state was kept
             raise
@@ -228,6 +242,7 @@ class BatchProcessor:
         batch_id: int,
         before: progress.Progress,
         now_ms: int,
+        from_query: bool,
     ) -> tuple[progress.Progress, BatchReport]:
         cfg = self.config
         steps: dict[str, float] = {}
@@ -303,7 +318,8 @@ class BatchProcessor:
         step("plan")
         # Tables whose snapshot the producer has not finished: an update of a row their
         # snapshot has not delivered yet is expected there (the snapshot row follows).
-        snapshotting = self._snapshotting(raw, framing, before)
+        planned = self._planned(batch_id, before) if from_query else None
+        snapshotting = self._snapshotting(raw, framing, before, planned)
         step("snapshot state")
 
         versions, changes_by_table = self._merges.run(plan, tables, before, snapshotting)
@@ -370,12 +386,37 @@ class BatchProcessor:
             steps=steps,
         )
 
+    def _planned(self, batch_id: int, before: progress.Progress) -> batch_cap.Planned:
+        """Where Spark's Kafka source started and ended this batch, from the offsets log's
+        entries for it and the one before (the progress row's offsets, lower or equal, when
+        that one is gone). The last entry read is kept: the next batch starts where it ends."""
+        path = self.config.checkpoint_path
+        text = offset_log.entry(self.spark, path, batch_id)
+        if text is None:  # Spark writes it before it runs the batch
+            raise ConsumerError(
+                f"batch {batch_id} has no entry in the query's offsets log at {path}/offsets: "
+                "is --checkpoint-path the query's checkpoint?"
+            )
+        end = batch_cap.parse_entry(text)
+        if self._last_planned is not None and self._last_planned[0] == batch_id - 1:
+            start = self._last_planned[1]
+        else:
+            prior = offset_log.entry(self.spark, path, batch_id - 1)
+            start = before.kafka_offsets if prior is None else batch_cap.parse_entry(prior)
+        self._last_planned = (batch_id, end)
+        return batch_cap.Planned(start, end)
+
     def _snapshotting(
-        self, raw: DataFrame, framing: Framing, before: progress.Progress
+        self,
+        raw: DataFrame,
+        framing: Framing,
+        before: progress.Progress,
+        planned: batch_cap.Planned | None,
     ) -> frozenset[str]:
         """The producer's unfinished snapshots: the last progress row's, updated by this
         batch's records of ``<prefix>.snapshot`` (one per chunk: a few per batch, collected
-        only when the batch has any).
+        only when the batch has any). ``planned``: where the batch started and ended in Kafka
+        (None for a batch not from the streaming query: no cap cut it short).
 
         A table stays unfinished until the lake holds its snapshot's last rows, not only
         until the batch reads the record that says the snapshot is done. Under a cap on
@@ -383,15 +424,18 @@ class BatchProcessor:
         proportion to its backlog, so the snapshot topic (a record per chunk) can be read
         batches ahead of the data topics: a batch could read the "done" record while updates
         of rows not yet read, and the snapshot's reads of them, are still to come. So "done"
-        takes effect in a batch that read every record Kafka had (fewer than the cap): every
-        record written before the "done" record is then in it or in an earlier batch. A
-        table kept unfinished so is checked against the topic's latest record by the next
-        such batch (``snapshot_state.unfinished_in_batch``). The start of a snapshot can be
-        read late in the same way, so a capped batch also counts every snapshot the topic's
-        latest records show unfinished (the topic is small: one record per table). The
-        progress row's ``snapshotting`` is this set."""
-        topic = snapshot_topic(self.config.topic_prefix)
-        cap = self.config.max_offsets_per_trigger
+        takes effect in a batch that read every record Kafka had when Spark planned it: every
+        record written before the "done" record is then in it or in an earlier batch. That
+        holds when the cap did not cut the batch (batch_cap.py tells from the offsets), or
+        when it may have but Kafka has nothing past where the batch ended; and when Spark
+        knew every subscribed topic (it finds new ones every few seconds, a small table's
+        whole snapshot can be quicker). A table kept unfinished so is checked against the
+        topic's latest record by the next such batch (``snapshot_state.unfinished_in_batch``).
+        The start of a snapshot can be read late in the same way, so a cut batch also counts
+        every snapshot the topic's latest records show unfinished (the topic is small: one
+        record per table). The progress row's ``snapshotting`` is this set."""
+        cfg = self.config
+        topic = snapshot_topic(cfg.topic_prefix)
         seen: list[tuple[bytes, bytes | None]] = []
         if any(t == topic for t, _p, _o in framing.offsets):
             rows = (
@@ -403,11 +447,17 @@ class BatchProcessor:
             seen = [
                 (bytes(r["key"]), None if r["value"] is None else bytes(r["value"])) for r in rows
             ]
-        whole = not cap or framing.read < cap  # Spark's cap did not cut this batch short
+        conf = {**cfg.kafka_config, "bootstrap.servers": cfg.kafka_bootstrap}
+        cut = planned is not None and batch_cap.cut_by_cap(
+            planned.start, planned.end, cfg.max_offsets_per_trigger
+        )
+        whole = not cut
+        if planned is not None and (seen or before.snapshotting):  # a snapshot may finish
+            ends = kafka_ends.committed_ends(conf, cfg.topic_prefix)
+            whole = batch_cap.reads_all(planned.end, ends, cut)
         unfinished, to_check = snapshot_state.unfinished_in_batch(before.snapshotting, seen, whole)
         if whole and not to_check:
             return unfinished
-        conf = {**self.config.kafka_config, "bootstrap.servers": self.config.kafka_bootstrap}
         latest = snapshot_state.load(conf, topic)
         if not whole:
             # The start of a snapshot can lag too: a table's first record may lie past what

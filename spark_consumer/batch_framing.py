@@ -47,7 +47,6 @@ class Framing:
     # Some record read from Kafka by this batch lies below where the last progress row says
     # Kafka reading had got to: read before, so it may also wait in the pending state.
     rereads: bool = False
-    read: int = 0  # records read from Kafka by this batch (the waiting ones not counted)
 
 
 def framed(
@@ -89,7 +88,6 @@ def framing(
             F.max("offset").alias("max_offset"),
             F.min(F.when(F.col(FIRST_SEEN).isNull(), F.col("offset"))).alias("min_read"),
             F.count(F.lit(1)).alias("records"),
-            F.count(F.when(F.col(FIRST_SEEN).isNull(), F.lit(1))).alias("read"),
             F.max(F.col("key").isNotNull() & F.col("_kid").isNull()).alias("bad_key"),
         )
         .collect()
@@ -164,7 +162,6 @@ def framing(
         reject,
         sum(r["records"] for r in rows),
         rereads,
-        sum(r["read"] for r in rows),
     )
 
 

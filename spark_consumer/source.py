@@ -6,7 +6,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from schemas.topics import subscribe_pattern, transaction_topic
-from spark_consumer import progress
+from spark_consumer import offset_log, progress
 from spark_consumer.batch import BatchProcessor
 from spark_consumer.config import ConsumerConfig
 from spark_consumer.errors import ConfigError
@@ -81,22 +81,12 @@ def kafka_stream(spark: SparkSession, config: ConsumerConfig) -> DataFrame:
     return reader.load()
 
 
-def _has_offsets(spark: SparkSession, checkpoint_path: str) -> bool:
-    """Whether the query's checkpoint has planned a batch (its `offsets` log has an entry),
-    through Hadoop's file system API: a local path or an object store alike."""
-    jvm = spark._jvm
-    assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(checkpoint_path.rstrip("/") + "/offsets")
-    fs = path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-    return bool(fs.exists(path)) and len(fs.listStatus(path)) > 0
-
-
 def check_checkpoint(spark: SparkSession, config: ConsumerConfig) -> None:
     """Refuse a new checkpoint for a lake that has applied batches. Spark would number batches
     from 0 again and read Kafka from the earliest offset, and a batch whose number the progress
     table already has is taken for a replay and skipped: every new record in such a batch would
     be lost to the lake, silently."""
-    if _has_offsets(spark, config.checkpoint_path):
+    if offset_log.has_entries(spark, config.checkpoint_path):
         return
     last = progress.latest(spark, config.progress_path)
     if last.batch_id < 0:

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from schemas.topics import TopicKind, classify, subscribe_pattern
+from schemas.topics import TopicKind, classify, subscribe_pattern, subscribed
 from schemas.wire import FramingError, split_frame
 from spark_consumer import progress, verify
 from spark_consumer.columns import key_fields, row_fields
@@ -101,6 +101,16 @@ def test_topics() -> None:
     assert classify("db", "db.public.t") is TopicKind.DATA
     with pytest.raises(ValueError, match="not under prefix"):
         classify("db", "other.public.t")
+
+
+def test_subscribed_says_what_the_subscribe_pattern_matches() -> None:
+    import re
+
+    py = re.escape("my-db.x") + subscribe_pattern("my-db.x").split(r"\E", 1)[1]
+    names = ["public.orders", "transaction", "heartbeat", "message", "offsets", "snapshot", ""]
+    names += ["heartbeat.x", "a.offsets", "x.message"]
+    for topic in [*(f"my-db.x.{n}" for n in names), "my-dbXx.public.orders", "other.t", "my-db.x"]:
+        assert subscribed("my-db.x", topic) == bool(re.fullmatch(py, topic)), topic
 
 
 def test_split_frame() -> None:
