@@ -146,12 +146,13 @@ class Run:
         # Quiet (log_level 2): the restart below would fill the log with its reconnects.
         admin = AdminClient({"bootstrap.servers": self.kafka, "log_level": 2})
         nodes = range(1, self.stack.brokers + 1)
-        resources = [ConfigResource(ConfigResource.Type.BROKER, str(n)) for n in nodes]
         bases = set()
-        for resource, future in admin.describe_configs(resources, request_timeout=30).items():
+        for node in nodes:
+            # One broker per call: librdkafka refuses two BROKER resources in one.
+            resource = ConfigResource(ConfigResource.Type.BROKER, str(node))
+            (future,) = admin.describe_configs([resource], request_timeout=30).values()
             advertised = future.result(timeout=60)["advertised.listeners"].value or ""
             found = re.search(r"PROXIED_A://[^,]*:(\d+)", advertised)
-            node = int(resource.name)
             bases.add(None if found is None else int(found.group(1)) - 4 * (node - 1))
         if len(bases) == 1 and (base := bases.pop()) is not None:
             ports = [
