@@ -120,14 +120,21 @@ class BatchProcessor:
         )
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.apply(batch, batch_id, from_query=True)
+
+    def apply(self, batch: DataFrame, batch_id: int, from_query: bool = False) -> BatchReport:
+        """One batch as the query runs it: `process`, then its metrics and the maintenance
+        between batches. Tests and benchmarks that hand batches over directly call this with
+        ``from_query`` false (there is no offsets log to read the cap from)."""
         try:
-            report = self.process(batch, batch_id, from_query=True)
+            report = self.process(batch, batch_id, from_query=from_query)
         finally:
             freed_memory.release()
         self.reports.append(report)
         if self.metrics is not None:
             self.metrics.observe_batch(report, self.clock_ms())
         self.maintenance.run(report.seconds)  # after the progress row: the batch is visible
+        return report
 
     def close(self) -> None:
         """Let the Delta checkpoint in progress finish (the others wait for the next run)."""

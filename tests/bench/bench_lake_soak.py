@@ -129,7 +129,7 @@ class Soak:
                 self.changed_rows += 5
             records += tx.records()
         started = time.perf_counter()
-        self.processor(self.log.frame(self.spark, records), n)
+        self.processor.apply(self.log.frame(self.spark, records), n)
         return time.perf_counter() - started
 
 

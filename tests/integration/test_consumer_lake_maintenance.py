@@ -86,7 +86,7 @@ class Bank:
             tx.update(ACC, {"id": a, "balance": self.balances[a]})
             tx.update(ACC, {"id": b, "balance": self.balances[b]})
         self.by_lsn[lsn] = dict(self.balances)
-        self.processor(self.log.frame(self.spark, tx.records()), n)
+        self.processor.apply(self.log.frame(self.spark, tx.records()), n)
         self.batches += 1
 
     def read_at(self, batch_id: int | None, **kw: Any) -> consistent_read.ConsistentRead:
