@@ -4,7 +4,8 @@ shape, exactly-once on and off, median over several runs.
 Run (needs the local stack, and a quiet machine: the 1-minute load is printed before each run):
 
     .walbridge/venv/bin/python tests/bench/bench_producer.py [--shape big|small|tpcb]
-        [--changes N] [--runs 5] [--exactly-once on|off|both] [--profile] [--json FILE]
+        [--changes N] [--runs 5] [--exactly-once on|off|both] [--profile cprofile|py-spy]
+        [--json FILE]
 
 Shapes, on the 8-column table of bench_replication.py (int8, text, numeric(12,2), timestamptz,
 jsonb, bool, text[], enum):
@@ -24,7 +25,9 @@ Per run: both times, the ratio producer / pg_recvlogical, the producer's main-th
 change and process CPU (all threads, librdkafka's included) per transaction, peak RSS, and the
 1-minute load before and after. Then the medians per exactly-once mode. Targets (issue 42):
 big >= 0.8 with <= 10 us main-thread CPU per change, small >= 0.5, tpcb >= 0.6.
-With ``--profile`` the producer runs under cProfile (one run) and the top functions print.
+With ``--profile`` the producer runs one run under cProfile (exact call counts, but its overhead
+doubles the time of small calls) or is sampled by py-spy (``pip install py-spy``; no overhead in
+the producer), and the top functions by own time print.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import argparse
 import json
 import os
 import pstats
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,13 +133,14 @@ def run_producer(
         }
     )
     command = [sys.executable, "-m", "producer", "run"]
-    if profile:
+    if profile and profile.endswith(".prof"):
         command = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "producer", "run"]
     with psycopg.connect(env["WALBRIDGE_PG_DSN"], autocommit=True) as db:
         start_lsn = confirmed(db, slot)
         began = time.perf_counter()
         first = None
         proc = subprocess.Popen(command, cwd=root, env=child_env | {"PYTHONPATH": str(root)})
+        sampler = sample(proc.pid, profile) if profile and not profile.endswith(".prof") else None
         while (lsn := confirmed(db, slot)) < end_lsn:
             if first is None and lsn > start_lsn:
                 first = time.perf_counter()
@@ -143,10 +149,20 @@ def run_producer(
             time.sleep(0.05)
     ended = time.perf_counter()
     cpu, main, rss = proc_stat(proc.pid)
+    if sampler is not None:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        sampler.wait(60)
     proc.terminate()
     if proc.wait(120) != 0:
         sys.exit(f"producer exited with {proc.returncode} after SIGTERM")
     return ended - began, ended - (first or began), cpu, main, rss
+
+
+def sample(pid: int, path: str) -> subprocess.Popen[bytes]:
+    """py-spy attached to the producer, writing its raw (collapsed stacks) output at 250 Hz."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    command = [spy, "record", "-r", "250", "-f", "raw", "-o", path, "--pid", str(pid)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL)
 
 
 SHAPES: Final = {"big": (1000, 1_000_000), "small": (1, 250_000), "tpcb": (5, 500_000)}
@@ -236,7 +252,7 @@ def main() -> None:
     parser.add_argument("--changes", type=int, help="default: the shape's")
     parser.add_argument("--runs", type=int, default=5, help="runs per exactly-once mode")
     parser.add_argument("--exactly-once", choices=("on", "off", "both"), default="both")
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile", choices=("cprofile", "py-spy"))
     parser.add_argument("--json", type=Path, help="also write the runs and medians here")
     parser.add_argument(
         "--results-dir",
@@ -269,7 +285,8 @@ def main() -> None:
             end_lsn = parse_lsn(row[0])
             for run in range(runs):
                 for exactly_once in modes:  # interleaved: a drifting load hits both alike
-                    profile = f"/tmp/bench_producer_{tag}.prof" if args.profile else None
+                    suffix = {"cprofile": "prof", "py-spy": "spy.txt"}.get(args.profile or "")
+                    profile = f"/tmp/bench_producer_{tag}.{suffix}" if suffix else None
                     result = race(
                         db, env, publication, base, f"{run}{exactly_once:d}", f"bench{tag}",
                         end_lsn, changes, exactly_once=exactly_once, profile=profile,
@@ -284,8 +301,10 @@ def main() -> None:
                         f"{r.cpu_s / transactions * 1e6:.1f} us/transaction; peak RSS "
                         f"{r.rss_kb / 1024:.0f} MB; load {r.load_before:.2f} -> {r.load_after:.2f}"
                     )
-                    if profile:
+                    if profile and profile.endswith(".prof"):
                         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+                    elif profile:
+                        print_sampled(Path(profile))
         finally:
             drop_workload(db, schema, publication, [base])
     summary = summarize(args.shape, changes, transactions, results)
@@ -294,6 +313,29 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def print_sampled(path: Path, top: int = 30) -> None:
+    """The functions with the most samples at the top of the stack (own time), and with the
+    most anywhere on it (cumulative), from py-spy's collapsed stacks."""
+    own: dict[str, int] = {}
+    anywhere: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")[1:]  # the first names the process
+        if not frames:
+            continue
+        n = int(count)
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            anywhere[frame] = anywhere.get(frame, 0) + n
+    print(f"{path}: {total:,} samples")
+    for title, table in (("own", own), ("cumulative", anywhere)):
+        print(f"  by {title} samples:")
+        for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"    {n / total:6.1%}  {frame}")
 
 
 def plot_runs(base: Path, shape: str, results: list[Result]) -> Path:
