@@ -45,7 +45,7 @@ def s3a_package(hadoop: str) -> str:
     return f"org.apache.hadoop:hadoop-aws:{hadoop}"
 
 
-def s3a_conf(env: Mapping[str, str]) -> dict[str, str]:
+def s3a_conf(env: Mapping[str, str], socket_timeout_s: float = 60.0) -> dict[str, str]:
     """Spark settings for S3A from the standard AWS variables.
 
     The keys go into the Hadoop configuration (`spark.hadoop.*`) rather than the executors'
@@ -61,6 +61,9 @@ def s3a_conf(env: Mapping[str, str]) -> dict[str, str]:
             "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
         ),
     }
+    # A silent connection (half-open, a frozen store) is dropped after this much silence and
+    # the request retried by S3A with backoff (fs.s3a.retry.*), like any broken connection.
+    conf["spark.hadoop.fs.s3a.connection.timeout"] = f"{round(socket_timeout_s * 1000)}ms"
     endpoint = env.get("AWS_ENDPOINT_URL")
     if endpoint:
         # An S3-compatible store: its own endpoint, and buckets in the path, not the host name.

@@ -160,7 +160,7 @@ def build_session(
         jars = Path(pyspark.__file__).resolve().parent / "jars"
         if not object_store.ships_s3a(jars):  # the consumer image has it in Spark's jars
             packages.append(object_store.s3a_package(object_store.hadoop_version(jars)))
-        for key, value in object_store.s3a_conf(env).items():
+        for key, value in object_store.s3a_conf(env, settings.object_store_timeout_s).items():
             builder = builder.config(key, value)
     # Ivy resolves the packages at every JVM start unless this cache already knows their jars.
     recorded = jar_manifest.recorded_jars(ivy, packages)

@@ -287,6 +287,8 @@ def main() -> None:
     args = ap.parse_args()
     # Each line as it is printed, in order with other writers to the same pipe.
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    load_before = os.getloadavg()[0]
+    print(f"1-minute load before the run: {load_before:.2f}")
     dsn = os.environ["WALBRIDGE_PG_DSN"]
     s = f"bench_catchup_{uuid.uuid4().hex[:8]}"
     tables = create(dsn, s)
@@ -477,7 +479,10 @@ def main() -> None:
                 "batch_seconds_per_step": totals,
                 "rss_kb": {"before": peak.before, "peak": peak.peak},
                 "batches": batches,
+                "load_before": load_before,
+                "load_after": os.getloadavg()[0],
             }
+            print(f"1-minute load after the run: {result['load_after']:.2f}")
             print(f"results: {write_json(base, result)}, {plot_batches(base, batches)}")
     finally:
         sql(dsn, f"DROP SCHEMA {s} CASCADE")

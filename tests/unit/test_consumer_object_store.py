@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from spark_consumer import object_store
+from spark_consumer.config import SparkSettings
+from spark_consumer.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +34,7 @@ def test_a_compatible_store_gets_its_endpoint_path_style_and_keys() -> None:
         "spark.sql.streaming.checkpointFileManagerClass": (
             "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
         ),
+        "spark.hadoop.fs.s3a.connection.timeout": "60000ms",
         "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
         "spark.hadoop.fs.s3a.path.style.access": "true",
         "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
@@ -55,8 +58,14 @@ def test_aws_itself_keeps_hadoops_defaults_and_session_tokens_are_temporary_cred
     assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith(
         "TemporaryAWSCredentialsProvider"
     )
-    # No keys: S3A's own default credential providers decide.
-    assert not any("s3a" in key for key in object_store.s3a_conf({}))
+    # No keys: S3A's own default credential providers decide; only the silence bound is ours.
+    assert [key for key in object_store.s3a_conf({}) if "s3a" in key] == [
+        "spark.hadoop.fs.s3a.connection.timeout"
+    ]
+
+
+def test_a_silent_connection_is_dropped_after_the_stated_timeout() -> None:
+    assert object_store.s3a_conf({}, 7.5)["spark.hadoop.fs.s3a.connection.timeout"] == "7500ms"
 
 
 def test_hadoop_aws_follows_the_hadoop_client_spark_ships(tmp_path: Path) -> None:
@@ -69,3 +78,12 @@ def test_hadoop_aws_follows_the_hadoop_client_spark_ships(tmp_path: Path) -> Non
     assert object_store.ships_s3a(tmp_path)
     with pytest.raises(RuntimeError, match="hadoop-client-api"):
         object_store.hadoop_version(tmp_path / "missing")
+
+
+def test_the_object_store_timeout_is_a_setting_with_s3as_floor() -> None:
+    assert SparkSettings.from_env({}).object_store_timeout_s == 60.0
+    env = {"WALBRIDGE_OBJECT_STORE_TIMEOUT_S": "20"}
+    assert SparkSettings.from_env(env).object_store_timeout_s == 20.0
+    # S3A would raise a lower value to 15 s without a word: refused here, naming the setting.
+    with pytest.raises(ConfigError, match="WALBRIDGE_OBJECT_STORE_TIMEOUT_S must be at least 15"):
+        SparkSettings.from_env({"WALBRIDGE_OBJECT_STORE_TIMEOUT_S": "8"})
