@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from producer.envelope_writer import TransactionBytes
 from producer.pgoutput import pg_timestamp_to_unix_micros
+from producer.pgoutput.timestamps import PG_EPOCH_UNIX_MICROS
 
 
 def transaction_id(xid: int, commit_lsn: int) -> str:
@@ -54,8 +55,10 @@ class Transaction:
     def __init__(self, xid: int, commit_lsn: int, commit_ts: int) -> None:
         self.xid = xid
         self.commit_lsn = commit_lsn
-        self.commit_ts_ms = pg_ts_to_ms(commit_ts)
-        self.id = transaction_id(xid, commit_lsn)
+        # pg_ts_to_ms and transaction_id inlined: once per transaction, a third of the BEGIN's
+        # own cost in one-change transactions was calls.
+        self.commit_ts_ms = (commit_ts + PG_EPOCH_UNIX_MICROS) // 1000
+        self.id = f"{xid}:{commit_lsn}"
         # The envelope parts shared by all of this transaction's events, Avro-encoded once.
         self.encoded = TransactionBytes(xid, commit_lsn, self.commit_ts_ms, self.id)
         self.event_count = 0
