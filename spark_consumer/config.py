@@ -22,6 +22,7 @@ from spark_consumer import maintenance_policy as mp
 from spark_consumer.errors import ConfigError
 from spark_consumer.lake_options import LakeOptions
 from spark_consumer.lake_options import load as load_lake_options
+from spark_consumer.object_store import DEFAULT_SOCKET_TIMEOUT_S, MIN_SOCKET_TIMEOUT_S
 
 
 class Decoder(Enum):
@@ -51,11 +52,6 @@ DEFAULT_MAX_OFFSETS_PER_TRIGGER = 1_000_000
 # over many capped batches) through with the defaults.
 DEFAULT_MAX_PENDING_RECORDS = 20_000_000
 DEFAULT_MERGE_THREADS = 4
-# Seconds without a byte on an object store connection before S3A gives up on it and retries
-# (its own default, 200 s, let one silent link hold a batch for minutes). Silence, not
-# slowness: a slow upload that keeps sending is never cut.
-DEFAULT_OBJECT_STORE_TIMEOUT_S = 60.0
-MIN_OBJECT_STORE_TIMEOUT_S = 15.0  # S3A raises fs.s3a.connection.timeout below 15 s to 15 s
 # Below this size a table's MERGE rewrites the files it touches rather than writing deletion
 # vectors: one batch updating and deleting a few rows in each of 100 small tables took 0.90 s
 # per table with deletion vectors and 0.70 s by rewriting (bench_consumer_tables.py). But a
@@ -349,16 +345,16 @@ class SparkSettings:
     # S3A's own default is 200 s: a silent object store connection (a half-open link, a frozen
     # store) held a batch that long before S3A dropped it and retried (object_store.py).
     object_store_timeout_s: float = setting(
-        DEFAULT_OBJECT_STORE_TIMEOUT_S,
+        DEFAULT_SOCKET_TIMEOUT_S,
         env="WALBRIDGE_OBJECT_STORE_TIMEOUT_S",
         help="silence on an s3a:// connection before it is dropped and the request retried "
         "(fs.s3a.connection.timeout)",
     )
 
     def __post_init__(self) -> None:
-        if self.object_store_timeout_s < MIN_OBJECT_STORE_TIMEOUT_S:
+        if self.object_store_timeout_s < MIN_SOCKET_TIMEOUT_S:
             raise ConfigError(
-                f"WALBRIDGE_OBJECT_STORE_TIMEOUT_S must be at least {MIN_OBJECT_STORE_TIMEOUT_S:g} "
+                f"WALBRIDGE_OBJECT_STORE_TIMEOUT_S must be at least {MIN_SOCKET_TIMEOUT_S:g} "
                 f"(S3A's floor: it raises lower values to that), got {self.object_store_timeout_s:g}"
             )
         if self.log_level not in LOG_LEVELS:

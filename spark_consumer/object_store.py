@@ -15,6 +15,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 S3A = "s3a://"
+# Seconds without a byte on an object store connection before S3A drops it and retries the
+# request (S3A's own default, 200 s, let one silent link hold a batch for minutes). Silence,
+# not slowness: a slow upload that keeps sending is never cut. S3A raises anything lower than
+# 15 s to 15 s, with only a warning.
+DEFAULT_SOCKET_TIMEOUT_S = 60.0
+MIN_SOCKET_TIMEOUT_S = 15.0
 _HADOOP_CLIENT = re.compile(r"^hadoop-client-api-(?P<version>\d+\.\d+\.\d+)\.jar$")
 
 
@@ -45,7 +51,9 @@ def s3a_package(hadoop: str) -> str:
     return f"org.apache.hadoop:hadoop-aws:{hadoop}"
 
 
-def s3a_conf(env: Mapping[str, str], socket_timeout_s: float = 60.0) -> dict[str, str]:
+def s3a_conf(
+    env: Mapping[str, str], socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S
+) -> dict[str, str]:
     """Spark settings for S3A from the standard AWS variables.
 
     The keys go into the Hadoop configuration (`spark.hadoop.*`) rather than the executors'
