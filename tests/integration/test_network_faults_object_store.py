@@ -102,7 +102,8 @@ def transfers(dsn: str, table: str, count: int, seed: int) -> None:
 
 
 class Consumer:
-    """`python -m spark_consumer run` with its lake on the store through ``proxy``."""
+    """`python -m spark_consumer run`, its output in ``log_path``; ``env`` points it at the
+    store through the proxy."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
