@@ -18,13 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
-from psycopg import sql as pgsql
 
-from tests.conftest import STACK, Stack
+from tests.conftest import Stack
+from tests.support.bank_transfers import create_bank, stack_cli, transfers
+from tests.support.lake_reader import s3_options
 from tests.support.producer_harness import ProducerProcess, Source, query, sql, unique
 
 pytestmark = pytest.mark.e2e
@@ -34,10 +34,6 @@ ACCOUNTS = 500
 OPENING = 1_000
 TRANSFERS = 1_200
 CLUSTER = ("spark-master", "spark-worker-1", "spark-worker-2", "s3")
-
-
-def stack_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(STACK), *args], text=True, capture_output=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -64,28 +60,9 @@ def cluster(stack: Stack) -> Iterator[dict[str, str]]:
 @pytest.fixture
 def bank(pg_dsn: str) -> Iterator[str]:
     name = unique("s3bank")
-    sql(
-        pg_dsn,
-        f"CREATE TABLE {name} (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
-        f"INSERT INTO {name} SELECT g, {OPENING}, 'opened' FROM generate_series(1, {ACCOUNTS}) g",
-    )
+    create_bank(pg_dsn, name, ACCOUNTS, OPENING)
     yield name
     sql(pg_dsn, f"DROP TABLE IF EXISTS {name}")
-
-
-def transfers(dsn: str, table: str, count: int, seed: int) -> None:
-    move = pgsql.SQL(
-        "UPDATE {t} SET balance = balance + CASE WHEN id = %(a)s THEN -%(x)s ELSE %(x)s END, "
-        "note = %(n)s WHERE id IN (%(a)s, %(b)s)"
-    ).format(t=pgsql.Identifier(table))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for i in range(count):
-            a = (i * 7919 + seed) % ACCOUNTS + 1
-            b = (i * 104729 + seed * 31) % ACCOUNTS + 1
-            if a == b:
-                b = a % ACCOUNTS + 1
-            with conn.transaction():
-                conn.execute(move, {"a": a, "b": b, "x": i % 50 + 1, "n": f"transfer {i}"})
 
 
 def test_consumer_on_the_cluster_with_the_lake_on_s3_survives_a_lost_worker(
@@ -105,7 +82,7 @@ def test_consumer_on_the_cluster_with_the_lake_on_s3_survives_a_lost_worker(
         producer.start()
         # The opening balances were committed before the slot: snapshot them as changes.
         sql(pg_dsn, f"UPDATE {bank} SET note = 'counted'")
-        transfers(pg_dsn, bank, TRANSFERS, seed=3)
+        transfers(pg_dsn, bank, ACCOUNTS, TRANSFERS, seed=3)
         source.wait_confirmed(source.current_lsn(), timeout=300)
         assert producer.stop() == 0, producer.log()
 
@@ -171,14 +148,7 @@ def test_consumer_on_the_cluster_with_the_lake_on_s3_survives_a_lost_worker(
         assert verified.returncode == 0, verified.stdout[-4000:] + verified.stderr[-4000:]
 
         # delta-rs reads the store with the same standard variables (its own S3 client).
-        options = {
-            "AWS_ENDPOINT_URL": cluster["AWS_ENDPOINT_URL"],
-            "AWS_ACCESS_KEY_ID": cluster["AWS_ACCESS_KEY_ID"],
-            "AWS_SECRET_ACCESS_KEY": cluster["AWS_SECRET_ACCESS_KEY"],
-            "AWS_REGION": cluster["AWS_REGION"],
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
-        }
+        options = s3_options(cluster)
         table = DeltaTable(f"s3://{bucket}/{run}/lake/public/{bank}", storage_options=options)
         result = (
             QueryBuilder()

@@ -23,14 +23,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
-from psycopg import sql as pgsql
 
-from tests.conftest import STACK, Stack
+from tests.conftest import Stack
+from tests.support.bank_transfers import create_bank, stack_cli, transfers
+from tests.support.lake_reader import s3_options, table_totals
 from tests.support.network_faults import fault
 from tests.support.producer_harness import ProducerProcess, Source, query, sql, unique
 from tests.support.scratch_stack import free_block
@@ -43,10 +43,6 @@ ACCOUNTS = 200
 OPENING = 1_000
 STORE_TIMEOUT_S = 15.0  # the consumer's WALBRIDGE_OBJECT_STORE_TIMEOUT_S here: S3A's floor
 RECOVERY_S = 240.0  # a batch on a cold JVM through S3A at this machine's load, with margin
-
-
-def stack_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(STACK), *args], text=True, capture_output=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -77,28 +73,9 @@ def store_proxy(toxiproxy: ToxiproxyApi, store: dict[str, str]) -> Iterator[Prox
 @pytest.fixture
 def bank(pg_dsn: str) -> Iterator[str]:
     name = unique("nfs3")
-    sql(
-        pg_dsn,
-        f"CREATE TABLE {name} (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
-        f"INSERT INTO {name} SELECT g, {OPENING}, 'opened' FROM generate_series(1, {ACCOUNTS}) g",
-    )
+    create_bank(pg_dsn, name, ACCOUNTS, OPENING)
     yield name
     sql(pg_dsn, f"DROP TABLE IF EXISTS {name}")
-
-
-def transfers(dsn: str, table: str, count: int, seed: int) -> None:
-    move = pgsql.SQL(
-        "UPDATE {t} SET balance = balance + CASE WHEN id = %(a)s THEN -%(x)s ELSE %(x)s END, "
-        "note = %(n)s WHERE id IN (%(a)s, %(b)s)"
-    ).format(t=pgsql.Identifier(table))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for i in range(count):
-            a = (i * 7919 + seed) % ACCOUNTS + 1
-            b = (i * 104729 + seed * 31) % ACCOUNTS + 1
-            if a == b:
-                b = a % ACCOUNTS + 1
-            with conn.transaction():
-                conn.execute(move, {"a": a, "b": b, "x": i % 50 + 1, "n": f"t{seed}.{i}"})
 
 
 class Consumer:
@@ -158,28 +135,13 @@ def test_consumer_object_store_faults(
     source = Source.create(pg_dsn, [bank], "nfs3")
     producer = ProducerProcess(source, kafka_bootstrap, registry_url)
     # delta-rs reads the store directly, past the proxy, with the same standard variables.
-    direct = {
-        "AWS_ENDPOINT_URL": store["AWS_ENDPOINT_URL"],
-        "AWS_ACCESS_KEY_ID": store["AWS_ACCESS_KEY_ID"],
-        "AWS_SECRET_ACCESS_KEY": store["AWS_SECRET_ACCESS_KEY"],
-        "AWS_REGION": store["AWS_REGION"],
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
-    }
+    direct = s3_options(store)
     lake = f"s3://{bucket}/{run}/lake"
 
     def select(statement: str, path: str, version: int | None = None) -> list[dict[str, Any]]:
         """delta-rs's SQL (it reads deletion vectors; its plain pyarrow reader does not)."""
         t = DeltaTable(f"{lake}/{path}", storage_options=direct, version=version)
         return pa.table(QueryBuilder().register("t", t).execute(statement).read_all()).to_pylist()
-
-    def table(version: int | None = None) -> dict[str, int]:
-        (row,) = select(
-            "SELECT count(*) AS n, coalesce(sum(balance), 0) AS total FROM t",
-            f"public/{bank}",
-            version,
-        )
-        return {"n": int(row["n"]), "total": int(row["total"])}
 
     def notes() -> set[str]:
         try:
@@ -223,7 +185,7 @@ def test_consumer_object_store_faults(
             before = consumer.batches()
             with fault(store_proxy, kind):
                 # Committed during the fault: the consumer must write them through it, or after.
-                transfers(pg_dsn, bank, 20, seed=step)
+                transfers(pg_dsn, bank, ACCOUNTS, 20, seed=step)
                 deadline = time.monotonic() + held_s
                 while time.monotonic() < deadline:
                     consumer.alive(f"during {kind}")
@@ -257,7 +219,8 @@ def test_consumer_object_store_faults(
     )
     assert len(versions) >= 5, versions  # the opening rows, then at least one per fault
     for version in versions:
-        assert table(version) == {"n": ACCOUNTS, "total": ACCOUNTS * OPENING}, version
+        totals = table_totals(f"{lake}/public/{bank}", version, "balance", direct)
+        assert totals == (ACCOUNTS * OPENING, ACCOUNTS), version
     # The last version equals PostgreSQL, row by row.
     in_lake = select("SELECT id, balance, note FROM t ORDER BY id", f"public/{bank}")
     in_pg = query(pg_dsn, f"SELECT id, balance, note FROM {bank} ORDER BY id")

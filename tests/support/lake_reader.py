@@ -5,19 +5,33 @@ these."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 
-def table_totals(path: str, version: int, column: str) -> tuple[int, int]:
+def s3_options(env: Mapping[str, str]) -> dict[str, str]:
+    """delta-rs's options for the store that the standard AWS variables in ``env`` name (the
+    local stack's s3proxy: plain HTTP, and no locking service, which its renames do not need
+    with one writer)."""
+    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+    return {k: env[k] for k in keys} | {
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }
+
+
+def table_totals(
+    path: str, version: int, column: str, storage_options: dict[str, str] | None = None
+) -> tuple[int, int]:
     """(sum(column), count(*)) of the table at ``version`` (sum 0 when empty), in one scan.
     Through delta-rs's query engine: its plain pyarrow reader refuses deletion vectors, which
     MERGEs into our tables write."""
     table = (
         QueryBuilder()
-        .register("t", DeltaTable(path, version=version))
+        .register("t", DeltaTable(path, version=version, storage_options=storage_options))
         .execute(f'SELECT coalesce(sum("{column}"), 0) AS total, count(*) AS n FROM t')
         .read_all()
     )
