@@ -301,3 +301,17 @@ def test_envelopes_encode_with_the_registered_schema() -> None:
     assert AvroDecoder(codec.key_schema).decode(key) == {"id": 1}
     marker = AvroEncoder(transaction_metadata_schema(), 1).encode(tx.end_marker())
     assert AvroDecoder(transaction_metadata_schema()).decode(marker) == tx.end_marker()
+
+
+@pytest.mark.parametrize(
+    ("xid", "commit_lsn", "commit_ts"),
+    [(1, 0, 0), (4_000_000_000, 2**63 - 1, -946_684_800_000_000), (77, 0x16B3748, 817_000_123_456)],
+)
+def test_a_transactions_inlined_id_and_timestamp_are_the_contracts(
+    xid: int, commit_lsn: int, commit_ts: int
+) -> None:
+    """Transaction builds its id and commit milliseconds inline (the hot path): they must stay
+    what transaction_id and pg_ts_to_ms, the contract's homes, give."""
+    tx = Transaction(xid, commit_lsn, commit_ts)
+    assert tx.id == transaction_id(xid, commit_lsn)
+    assert tx.commit_ts_ms == pg_ts_to_ms(commit_ts)
