@@ -23,7 +23,7 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 
 from tests.conftest import Stack
-from tests.support.bank_transfers import create_bank, stack_cli, transfers
+from tests.support.bank_transfers import bank_table, stack_cli, transfers
 from tests.support.lake_reader import s3_options
 from tests.support.producer_harness import ProducerProcess, Source, query, sql, unique
 
@@ -59,10 +59,8 @@ def cluster(stack: Stack) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def bank(pg_dsn: str) -> Iterator[str]:
-    name = unique("s3bank")
-    create_bank(pg_dsn, name, ACCOUNTS, OPENING)
-    yield name
-    sql(pg_dsn, f"DROP TABLE IF EXISTS {name}")
+    with bank_table(pg_dsn, "s3bank", ACCOUNTS, OPENING) as name:
+        yield name
 
 
 def test_consumer_on_the_cluster_with_the_lake_on_s3_survives_a_lost_worker(

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,16 +27,16 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from tests.conftest import Stack
-from tests.support.bank_transfers import create_bank, stack_cli, transfers
+from tests.support.bank_transfers import bank_table, stack_cli, transfers
 from tests.support.lake_reader import s3_options, table_totals
 from tests.support.network_faults import fault
 from tests.support.producer_harness import ProducerProcess, Source, query, sql, unique
 from tests.support.scratch_stack import free_block
+from tests.support.torture_services import ConsumerProcess
 from tests.support.toxiproxy_client import Proxy, ToxiproxyApi
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 ACCOUNTS = 200
 OPENING = 1_000
 STORE_TIMEOUT_S = 15.0  # the consumer's WALBRIDGE_OBJECT_STORE_TIMEOUT_S here: S3A's floor
@@ -72,23 +70,17 @@ def store_proxy(toxiproxy: ToxiproxyApi, store: dict[str, str]) -> Iterator[Prox
 
 @pytest.fixture
 def bank(pg_dsn: str) -> Iterator[str]:
-    name = unique("nfs3")
-    create_bank(pg_dsn, name, ACCOUNTS, OPENING)
-    yield name
-    sql(pg_dsn, f"DROP TABLE IF EXISTS {name}")
+    with bank_table(pg_dsn, "nfs3", ACCOUNTS, OPENING) as name:
+        yield name
 
 
-class Consumer:
-    """`python -m spark_consumer run`, its output in ``log_path``; ``env`` points it at the
-    store through the proxy."""
+class Consumer(ConsumerProcess):
+    """`python -m spark_consumer run` (started at once), its output in ``log_path``; ``env``
+    points it at the store through the proxy."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        with log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spark_consumer", "run", "--metrics-port", "0"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        super().__init__(env, log_path)
+        self.start()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -96,29 +88,18 @@ class Consumer:
     def batches(self) -> int:
         return len(re.findall(r"batch \d+: applied", self.log()))
 
-    def alive(self, during: str) -> None:
-        assert self.proc.poll() is None, (
-            f"the consumer exited ({self.proc.returncode}) {during}:\n{self.log()[-6000:]}"
-        )
+    def check_alive(self, during: str) -> None:
+        code = self.proc.poll() if self.proc is not None else None
+        assert self.alive(), f"the consumer exited ({code}) {during}:\n{self.log()[-6000:]}"
 
     def wait_for(self, what: str, check: Callable[[], bool], timeout: float = RECOVERY_S) -> float:
         started = time.monotonic()
         while not check():
-            self.alive(f"waiting for {what}")
+            self.check_alive(f"waiting for {what}")
             if time.monotonic() - started > timeout:
                 raise AssertionError(f"{what}: not within {timeout}s\n{self.log()[-6000:]}")
             time.sleep(0.5)
         return time.monotonic() - started
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        return self.proc.returncode
 
 
 def test_consumer_object_store_faults(
@@ -165,6 +146,7 @@ def test_consumer_object_store_faults(
                 "WALBRIDGE_LAKE_PATH": f"s3a://{bucket}/{run}/lake",
                 "WALBRIDGE_CHECKPOINT_PATH": f"s3a://{bucket}/{run}/checkpoint",
                 "WALBRIDGE_SPARK_DRIVER_MEMORY": "1g",
+                "WALBRIDGE_CONSUMER_METRICS_PORT": "0",
                 "WALBRIDGE_TRIGGER": "1 seconds",
                 "WALBRIDGE_OBJECT_STORE_TIMEOUT_S": str(STORE_TIMEOUT_S),
             }
@@ -188,9 +170,9 @@ def test_consumer_object_store_faults(
                 transfers(pg_dsn, bank, ACCOUNTS, 20, seed=step)
                 deadline = time.monotonic() + held_s
                 while time.monotonic() < deadline:
-                    consumer.alive(f"during {kind}")
+                    consumer.check_alive(f"during {kind}")
                     time.sleep(0.5)
-            consumer.alive(f"after {kind}")
+            consumer.check_alive(f"after {kind}")
             last_note = f"t{step}.19"
             # The table commits before the batch's progress row: wait for both.
             waited = consumer.wait_for(
@@ -199,8 +181,6 @@ def test_consumer_object_store_faults(
             )
             print(f"{kind}: held {held_s:.0f}s, caught up {waited:.1f}s after it ended")
 
-        code = consumer.stop()
-        print(f"consumer exit code after SIGTERM: {code}")
     finally:
         if consumer is not None:
             consumer.stop()

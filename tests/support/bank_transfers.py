@@ -7,14 +7,14 @@ stack's command line, for tests that start an extra service (`stack up s3`, `spa
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql as pgsql
 
-from tests.support.producer_harness import sql
-
-STACK = Path(__file__).resolve().parents[2] / "deploy" / "local" / "stack"
+from tests.conftest import STACK
+from tests.support.producer_harness import unique
 
 
 def stack_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -22,13 +22,29 @@ def stack_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(STACK), *args], text=True, capture_output=True, timeout=600)
 
 
-def create_bank(dsn: str, table: str, accounts: int, opening: int) -> None:
-    """``accounts`` rows (id, balance, note) of ``opening`` each, noted 'opened'."""
-    sql(
-        dsn,
-        f"CREATE TABLE {table} (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
-        f"INSERT INTO {table} SELECT g, {opening}, 'opened' FROM generate_series(1, {accounts}) g",
-    )
+@contextmanager
+def bank_table(dsn: str, prefix: str, accounts: int, opening: int) -> Iterator[str]:
+    """A new table of ``accounts`` rows (id, balance, note) of ``opening`` each, noted 'opened',
+    named from ``prefix``; dropped afterwards."""
+    name = unique(prefix)
+    table = pgsql.Identifier(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            pgsql.SQL(
+                "CREATE TABLE {} (id int PRIMARY KEY, balance bigint NOT NULL, note text)"
+            ).format(table)
+        )
+        conn.execute(
+            pgsql.SQL("INSERT INTO {} SELECT g, %s, 'opened' FROM generate_series(1, %s) g").format(
+                table
+            ),
+            (opening, accounts),
+        )
+    try:
+        yield name
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(table))
 
 
 def transfers(dsn: str, table: str, accounts: int, count: int, seed: int) -> None:
