@@ -5,7 +5,7 @@ Run (needs the local stack, and a quiet machine: the 1-minute load is printed be
 
     .walbridge/venv/bin/python tests/bench/bench_producer.py [--shape big|small|tpcb]
         [--changes N] [--runs 5] [--exactly-once on|off|both] [--profile cprofile|py-spy]
-        [--json FILE]
+        [--ceiling] [--json FILE]
 
 Shapes, on the 8-column table of bench_replication.py (int8, text, numeric(12,2), timestamptz,
 jsonb, bool, text[], enum):
@@ -25,7 +25,10 @@ Per run: both times, the ratio producer / pg_recvlogical, the producer's main-th
 change and process CPU (all threads, librdkafka's included) per transaction, peak RSS, and the
 1-minute load before and after. Then the medians per exactly-once mode. Targets (issue 42):
 big >= 0.8 with <= 10 us main-thread CPU per change, small >= 0.5, tpcb >= 0.6.
-With ``--profile`` the producer runs one run under cProfile (exact call counts, but its overhead
+With ``--ceiling`` each run also streams a third copy of the slot through the producer's ceiling
+(``producer_ceiling.py``: the producer's own records, pre-encoded, answered per message with its
+reader and librdkafka settings), on a quiet machine again: the most a compiled hot path could
+buy. With ``--profile`` the producer runs one run under cProfile (exact call counts, but its overhead
 doubles the time of small calls) or is sampled by py-spy (``pip install py-spy``; no overhead in
 the producer), and the top functions by own time print.
 """
@@ -54,8 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import run_base, write_json
 from bench_replication import create_workload, drop_workload, generate, pg_dsn, time_recvlogical
 from plots import series_plot
+from producer_ceiling import CeilingRecords, run_ceiling
 
 from producer.pgoutput import parse_lsn
+from schemas.topics import table_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,10 +226,16 @@ class Result:
     cpu_s: float
     main_s: float
     rss_kb: int
+    ceiling_s: float = 0.0  # 0: no --ceiling run
+    ceiling_load_before: float = 0.0
 
     @property
     def ratio(self) -> float:
         return self.recv_s / self.producer_s
+
+    @property
+    def ceiling_ratio(self) -> float:
+        return self.recv_s / self.ceiling_s if self.ceiling_s else 0.0
 
 
 QUIET_LOAD: Final = 1.5  # a figure counts only from a run started below this 1-minute load
@@ -253,6 +264,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per exactly-once mode")
     parser.add_argument("--exactly-once", choices=("on", "off", "both"), default="both")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"))
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="per run also the producer's ceiling: the stream answered with the producer's own"
+        " records, pre-encoded (producer_ceiling.py)",
+    )
     parser.add_argument("--json", type=Path, help="also write the runs and medians here")
     parser.add_argument(
         "--results-dir",
@@ -271,6 +288,10 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     schema, publication, base = f"bench_{tag}", f"bench_pub_{tag}", f"bench_{tag}_base"
     results: list[Result] = []
+    ceiling = None
+    if args.ceiling:
+        data_topic = table_topic(f"bench{tag}", schema, "rows")
+        ceiling = CeilingRecords(env["WALBRIDGE_KAFKA_BOOTSTRAP"], f"bench{tag}", data_topic)
     with psycopg.connect(dsn, autocommit=True) as db:
         try:
             create_workload(db, schema, publication, base)
@@ -290,6 +311,7 @@ def main() -> None:
                     result = race(
                         db, env, publication, base, f"{run}{exactly_once:d}", f"bench{tag}",
                         end_lsn, changes, exactly_once=exactly_once, profile=profile,
+                        ceiling=ceiling, transactions=transactions,
                     )  # fmt: skip
                     results.append(result)
                     r = result
@@ -301,6 +323,12 @@ def main() -> None:
                         f"{r.cpu_s / transactions * 1e6:.1f} us/transaction; peak RSS "
                         f"{r.rss_kb / 1024:.0f} MB; load {r.load_before:.2f} -> {r.load_after:.2f}"
                     )
+                    if r.ceiling_s:
+                        print(
+                            f"  ceiling {r.ceiling_s:6.2f}s, ratio {r.ceiling_ratio:.3f}; the "
+                            f"producer reaches {r.ceiling_s / r.producer_s:.2f} of it; load "
+                            f"{r.ceiling_load_before:.2f} before"
+                        )
                     if profile and profile.endswith(".prof"):
                         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
                     elif profile:
@@ -372,11 +400,14 @@ def race(
     exactly_once: bool,
     profile: str | None = None,
     root: Path = ROOT,
+    ceiling: CeilingRecords | None = None,
+    transactions: int = 0,
 ) -> Result:
     """One run: fresh copies of the ``base`` slot for pg_recvlogical and for the producer of
     ``root`` (so both decode the same WAL from the same start), started on a quiet machine;
-    the copies are dropped afterwards."""
-    slots = [f"{base}_r{name}", f"{base}_p{name}"]
+    with ``ceiling``, a third copy streamed by the producer's ceiling after it, once the
+    machine is quiet again. The copies are dropped afterwards."""
+    slots = [f"{base}_r{name}", f"{base}_p{name}"] + ([f"{base}_c{name}"] if ceiling else [])
     for slot in slots:
         db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
     try:
@@ -386,10 +417,27 @@ def race(
             env | {"WALBRIDGE_EXACTLY_ONCE": "true" if exactly_once else "false"},
             slots[1], publication, prefix, end_lsn, profile, root,
         )  # fmt: skip
+        after = load1()
+        ceiling_s = ceiling_before = 0.0
+        if ceiling is not None:
+            markers, events = ceiling.get()
+            ceiling_before = wait_quiet()
+            top = run_ceiling(
+                env, slots[2], publication, end_lsn, markers, events, exactly_once=exactly_once
+            )
+            if top.records != changes + 2 * transactions:  # a BEGIN and an END around each
+                sys.exit(
+                    f"producer ceiling: {top.records:,} records for {changes:,} changes in "
+                    f"{transactions:,} transactions (expected {changes + 2 * transactions:,})"
+                )
+            ceiling_s = top.seconds
     finally:
         for slot in slots:
             drop_slot(db, slot)
-    return Result(exactly_once, before, load1(), recv.seconds, seconds, steady, cpu, main_cpu, rss)
+    return Result(
+        exactly_once, before, after, recv.seconds, seconds, steady, cpu, main_cpu, rss,
+        ceiling_s, ceiling_before,
+    )  # fmt: skip
 
 
 def drop_slot(db: psycopg.Connection, slot: str) -> None:
@@ -422,6 +470,14 @@ def summarize(
             "producer_changes_per_s": statistics.median(changes / r.producer_s for r in mine),
             "max_load_before": max(r.load_before for r in mine),
         }
+        with_ceiling = [r for r in mine if r.ceiling_s and r.ceiling_load_before < QUIET_LOAD]
+        if with_ceiling:
+            medians[mode]["ceiling_ratio"] = statistics.median(
+                r.ceiling_ratio for r in with_ceiling
+            )
+            medians[mode]["producer_of_ceiling"] = statistics.median(
+                r.ceiling_s / r.producer_s for r in with_ceiling
+            )
         m = medians[mode]
         print(
             f"median of {len(mine)} of {len(ran)} ({shape}, exactly-once {mode}): ratio {m['ratio']:.3f} "
@@ -430,6 +486,11 @@ def summarize(
             f"{m['producer_changes_per_s']:,.0f} changes/s; highest load before a run "
             f"{m['max_load_before']:.2f}"
         )
+        if "ceiling_ratio" in m:
+            print(
+                f"  ceiling (median of {len(with_ceiling)}): ratio {m['ceiling_ratio']:.3f}; the "
+                f"producer reaches {m['producer_of_ceiling']:.2f} of it"
+            )
     headline = medians.get("on") or medians["off"]
     print(f"ratio producer / pg_recvlogical = {headline['ratio']:.3f}")
     return {
