@@ -33,6 +33,7 @@ from schemas.topics import message_topic, snapshot_topic
 from spark_consumer import (
     batch_cap,
     batch_framing,
+    batch_report,
     checkpoints,
     codegen_stable,
     freed_memory,
@@ -95,7 +96,9 @@ class BatchProcessor:
         self.conversions = conversions
         self.clock_ms = clock_ms
         self.metrics = metrics
+        # The last batches' reports (batch_report.keep bounds them), for tests and benchmarks.
         self.reports: list[BatchReport] = []
+        self._warm = False  # a batch applied by this process already (its JVM is warm)
         # The progress row of the last batch this process applied: this job is the table's
         # only writer, so it is read from Delta once, at the first batch.
         self._last: progress.Progress | None = None
@@ -130,7 +133,7 @@ class BatchProcessor:
             report = self.process(batch, batch_id, from_query=from_query)
         finally:
             freed_memory.release()
-        self.reports.append(report)
+        batch_report.keep(self.reports, report)
         if self.metrics is not None:
             self.metrics.observe_batch(report, self.clock_ms())
         self.maintenance.run(report.seconds)  # after the progress row: the batch is visible
@@ -146,7 +149,11 @@ class BatchProcessor:
         directly, as tests do, was cut by no cap)."""
         started = time.perf_counter()
         cfg = self.config
-        before = self._last or progress.latest(self.spark, cfg.progress_path)
+        first_steps: dict[str, float] = {}
+        before = self._last
+        if before is None:  # once per process: the progress table's last row, from Delta
+            before = progress.latest(self.spark, cfg.progress_path)
+            first_steps["progress read"] = round(time.perf_counter() - started, 3)
         self._last = before
         if before.batch_id >= batch_id:
             self._check_replay(batch, batch_id, before)
@@ -168,7 +175,9 @@ class BatchProcessor:
             for df in persisted:
                 df.unpersist()
         self._last = after
-        report = replace(report, seconds=time.perf_counter() - started)
+        report = replace(
+            report, seconds=time.perf_counter() - started, steps=first_steps | report.steps
+        )
         log.info(
             "batch %d: applied %d transaction(s) up to commit_lsn %d (%s); pending %d "
             "transaction(s), %d record(s), oldest %s; quarantined %d; %.1fs",
@@ -184,6 +193,15 @@ class BatchProcessor:
             report.quarantined,
             report.seconds,
         )
+        # A process's first batch runs on a cold JVM (class loading, code generation, the JIT,
+        # each table's Delta log): where a restart's time goes, so it is shown at INFO.
+        log.log(
+            logging.DEBUG if self._warm else logging.INFO,
+            "batch %d steps (s): %s",
+            batch_id,
+            ", ".join(f"{name} {seconds:.2f}" for name, seconds in report.steps.items()),
+        )
+        self._warm = True
         return report
 
     def _check_replay(self, batch: DataFrame, batch_id: int, before: progress.Progress) -> None:

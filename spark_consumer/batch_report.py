@@ -9,8 +9,13 @@ imported each other before (pyproject.toml's import contracts keep it that way).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from spark_consumer import progress
+
+# How many reports a processor keeps: a consumer runs for months at up to a batch a second, so
+# the list is bounded (tests and benchmarks read the last few hundred at most).
+REPORTS_KEPT: Final = 1000
 
 
 @dataclass(frozen=True)
@@ -28,3 +33,11 @@ class BatchReport:
     quarantined: int = 0
     seconds: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step, for tuning
+
+
+def keep(reports: list[BatchReport], report: BatchReport, kept: int = REPORTS_KEPT) -> None:
+    """Append ``report``; once ``reports`` holds twice ``kept``, drop all but the newest
+    ``kept`` (one deletion per ``kept`` appends, so keeping costs O(1) per batch)."""
+    reports.append(report)
+    if len(reports) >= 2 * kept:
+        del reports[:-kept]
