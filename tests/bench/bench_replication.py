@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,6 +199,21 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def stream_to(client: ReplicationClient, end_lsn: int) -> Iterator[tuple[memoryview, int]]:
+    """(payload, WAL start) of each message of ``client``'s stream up to ``end_lsn``, with the
+    same stop rule as pg_recvlogical --endpos: data past the end, or the server reporting
+    (keepalive) that it has sent everything up to it."""
+    for item in client.stream(idle_after=0.01):
+        if item is None:
+            if client.server_wal_end >= end_lsn:
+                return
+            continue
+        payload, wal_start, _wal_end = item
+        if wal_start > end_lsn:
+            return
+        yield payload, wal_start
+
+
 def time_client(dsn: str, slot: str, publication: str, end_lsn: int) -> Run:
     config = ReplicationConfig(
         slot=slot, publication=publication, create_slot=False, create_publication=False
@@ -211,16 +226,7 @@ def time_client(dsn: str, slot: str, publication: str, end_lsn: int) -> Run:
         began = time.perf_counter()
         with ReplicationClient(dsn, config) as client:
             client.open()
-            # The same stop rule as pg_recvlogical --endpos: data past end, or the server
-            # reporting (keepalive) that it has sent everything up to end.
-            for item in client.stream(idle_after=0.01):
-                if item is None:
-                    if client.server_wal_end >= end_lsn:
-                        break
-                    continue
-                payload, wal_start, _wal_end = item
-                if wal_start > end_lsn:
-                    break
+            for payload, _wal_start in stream_to(client, end_lsn):
                 message = decode(payload)
                 if type(message) is Insert:
                     inserts += 1

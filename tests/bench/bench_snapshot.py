@@ -56,7 +56,7 @@ from pathlib import Path
 
 import fastavro
 import psycopg
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import results_dir, run_base, write_json
 from bench_producer import QUIET_LOAD, stack_env, wait_quiet
 from bench_replication import generate
+from kafka_readback import read_back
 from plots import series_plot
 from proc_usage import Busy, measure_background, process_cpu_s, rss_kb, thread_cpu_s
 
@@ -246,31 +247,6 @@ def run_snapshot(
             db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
-def read_events(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | None, bytes]]:
-    """Up to ``limit`` (key, value) pairs of ``topic``, from the start of each partition."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-         "enable.auto.commit": False, "enable.partition.eof": True}
-    )  # fmt: skip
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0: the first offset
-        events: list[tuple[bytes | None, bytes]] = []
-        ended: set[int] = set()
-        while len(events) < limit and len(ended) < len(partitions):
-            for message in consumer.consume(10_000, timeout=1.0):
-                error = message.error()
-                if error is not None:
-                    if error.code() == error._PARTITION_EOF:
-                        ended.add(message.partition())
-                        continue
-                    sys.exit(f"reading {topic}: {error}")
-                events.append((message.key(), message.value()))
-        return events[:limit]
-    finally:
-        consumer.close()
-
-
 def kafka_ceiling(
     env: dict[str, str],
     topic: str,
@@ -436,7 +412,7 @@ def main() -> None:
             print(
                 f"COPY to nowhere (after):  {copy_after:7.1f}s  {args.rows / copy_after:>10,.0f} rows/s"
             )
-            sampled_events = read_events(
+            sampled_events = read_back(
                 env["WALBRIDGE_KAFKA_BOOTSTRAP"],
                 table_topic(prefix, schema, "rows"),
                 args.ceiling_sample,

@@ -25,8 +25,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from bench_replication import stream_to
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from kafka_readback import read_back
 
 from producer.config import load_config
 from producer.kafka_sink import producer_settings
@@ -47,34 +49,6 @@ class CeilingRun:
     seconds: float  # from the stream's start to every record acknowledged (and committed)
     records: int
     commits: int  # Kafka transactions committed (0 with exactly-once off)
-
-
-def read_back(bootstrap: str, topic: str, limit: int = SAMPLE) -> list[Record]:
-    """Up to ``limit`` records of ``topic``, each partition from its start, in offset order."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-         "enable.auto.commit": False, "enable.partition.eof": True,
-         "isolation.level": "read_committed"}
-    )  # fmt: skip
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        records: list[Record] = []
-        ended: set[int] = set()
-        while len(records) < limit and len(ended) < len(partitions):
-            for message in consumer.consume(5_000, timeout=1.0):
-                error = message.error()
-                if error is None:
-                    records.append((topic, message.key(), message.value() or b""))
-                elif error.code() == error._PARTITION_EOF:
-                    ended.add(message.partition() or 0)
-                else:
-                    raise KafkaException(error)
-        if not records:
-            raise SystemExit(f"producer ceiling: nothing to read back in {topic}")
-        return records[:limit]
-    finally:
-        consumer.close()
 
 
 def run_ceiling(
@@ -116,14 +90,7 @@ def run_ceiling(
     opened, in_tx, tx_records, tx_bytes = began, False, 0, 0
     with ReplicationClient(env["WALBRIDGE_PG_DSN"], replication) as client:
         client.open()
-        for item in client.stream(idle_after=0.01):
-            if item is None:
-                if client.server_wal_end >= end_lsn:
-                    break
-                continue
-            payload, wal_start, _wal_end = item
-            if wal_start > end_lsn:
-                break
+        for payload, _wal_start in stream_to(client, end_lsn):
             kind = payload[0]
             if kind in _CHANGES:
                 topic, key, value = next(event_cycle)
@@ -179,7 +146,10 @@ class CeilingRecords:
                 if topic not in topics.topics:
                     raise SystemExit(f"producer ceiling: no topic {topic}: has the producer run?")
             self._read = (
-                read_back(self.bootstrap, marker_topic),
-                read_back(self.bootstrap, self.data_topic),
+                [(marker_topic, k, v) for k, v in read_back(self.bootstrap, marker_topic, SAMPLE)],
+                [
+                    (self.data_topic, k, v)
+                    for k, v in read_back(self.bootstrap, self.data_topic, SAMPLE)
+                ],
             )
         return self._read

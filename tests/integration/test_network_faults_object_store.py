@@ -154,7 +154,13 @@ def test_consumer_object_store_faults(
             | {k: v for k, v in os.environ.items() if k == "WALBRIDGE_SPARK_IVY_DIR"}
         )
         consumer = Consumer(env, tmp_path / "consumer.log")
-        consumer.wait_for("the opening rows", lambda: "counted" in notes(), RECOVERY_S * 2)
+        # The table commits before the batch's progress row (and its log line): wait for both,
+        # or the first fault's count of batches starts one short.
+        consumer.wait_for(
+            "the opening rows",
+            lambda: consumer.batches() >= 1 and "counted" in notes(),
+            RECOVERY_S * 2,
+        )
 
         for step, (kind, held_s) in enumerate(
             (
