@@ -46,6 +46,7 @@ from schemas.avro_binary import VARINT_LAST as _LAST
 from schemas.avro_binary import VARINT_MID as _MID
 from schemas.avro_value_writer import UnsupportedSchema, ValueWriter, value_writer
 from schemas.errors import ConversionError
+from schemas.native_encoder import native_wire_encoder
 from schemas.row_encoder_statements import Source, emit_value, emit_wire_slice
 from schemas.type_mapping import AvroMapping, nullable
 
@@ -242,8 +243,11 @@ def compile_row_encoder(
     encoder: RowEncoder = _compile(
         "encode_row", table, cols, named, toast, len(cols), False, reference
     )
-    encoder.wire = _compile(  # type: ignore[attr-defined]
+    encoder.wire_python = _compile(  # type: ignore[attr-defined]
         "encode_row_wire", table, cols, {}, toast, len(cols), False, reference, wire=True
+    )
+    encoder.wire = (  # type: ignore[attr-defined]
+        native_wire_encoder(cols, (), CONVERSION_FAILURES) or encoder.wire_python  # type: ignore[attr-defined]
     )
     encoder.copy_factory = lambda split: _compile(  # type: ignore[attr-defined]
         "encode_row_copy", table, cols, {}, toast, len(cols), False, reference, copy=split
@@ -274,10 +278,13 @@ def compile_row_key_encoder(
     encoder: RowKeyEncoder = _compile(
         "encode_row_key", table, cols, named, toast, len(cols), False, fallback, key_positions
     )
-    encoder.wire = _compile(  # type: ignore[attr-defined]
+    encoder.wire_python = _compile(  # type: ignore[attr-defined]
         "encode_row_key_wire", table, cols, {}, toast, len(cols), False, fallback, key_positions,
         wire=True,
     )  # fmt: skip
+    encoder.wire = (  # type: ignore[attr-defined]
+        native_wire_encoder(cols, key_positions, CONVERSION_FAILURES) or encoder.wire_python  # type: ignore[attr-defined]
+    )
     encoder.copy_factory = lambda split: _compile(  # type: ignore[attr-defined]
         "encode_row_key_copy", table, cols, {}, toast, len(cols), False, fallback, key_positions,
         copy=split,

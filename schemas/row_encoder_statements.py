@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
-from schemas import array_encoder, pg_scalars
+from schemas import array_encoder, pg_datetime, pg_scalars
 from schemas.avro_binary import long_bytes
 from schemas.avro_value_writer import ValueWriter, base_type
 from schemas.type_mapping import AvroMapping, Convert, nullable
@@ -37,11 +38,24 @@ _INT_BINARY: Final = {
     pg_scalars.int8_binary: "_unpack_i64",
     pg_scalars.oid_binary: "_unpack_u32",
 }
+_INT_BINARY_KINDS: Final = {
+    pg_scalars.int2_binary: "int2_binary",
+    pg_scalars.int4_binary: "int4_binary",
+    pg_scalars.int8_binary: "int8_binary",
+    pg_scalars.oid_binary: "oid_binary",
+}
 _INT_BINARY_STRUCTS: Final[dict[Convert, Callable[[bytes], tuple[int]]]] = {
     pg_scalars.int2_binary: _unpack_i16,
     pg_scalars.int4_binary: _unpack_i32,
     pg_scalars.int8_binary: _unpack_i64,
     pg_scalars.oid_binary: _unpack_u32,
+}
+
+
+# Converters the compiled encoder parses itself when their value is the union's long branch.
+_TIMESTAMP_TEXT: Final = {
+    pg_datetime.timestamptz_text: "timestamptz_text",
+    pg_datetime.timestamp_text: "timestamp_text",
 }
 
 
@@ -147,53 +161,112 @@ _APPEND_LONG_BRANCH1: Final = (
 _LONG_BRANCH1: Final = "r = " + _APPEND_LONG_BRANCH1[2:-1]
 
 
+@dataclass(frozen=True)
+class ValueKind:
+    """How one column's wire value becomes Avro: decided once per column and wire format, and
+    the one home of that decision for both the generated statements (``emit_value``) and the
+    compiled encoder's plan (``schemas.native_encoder``).
+
+    ``kind``: "text" (UTF-8 as it is), "raw" (bytes as they are), "jsonb_binary", "int_text",
+    "int2_binary"/"int4_binary"/"int8_binary"/"oid_binary", "bool_text", "bool_binary",
+    "float8_binary", or "converted" (the converter, then the value writer). ``prefix``: the
+    union branch's bytes where the kind writes it itself. ``scale``: a numeric(p,s) text
+    column's scale when its converted form has the inlined decimal path, else None.
+    ``native``: for a converted kind, the compiled encoder's own operation where it has one
+    ("text_array" with ``delimiter``, "timestamptz_text", "timestamp_text"); the Python
+    statements ignore it."""
+
+    kind: str
+    prefix: bytes = b""
+    scale: int | None = None
+    native: str | None = None
+    delimiter: bytes = b","
+
+
+def value_kind(mode: str, mapping: AvroMapping, union: list[Any]) -> ValueKind:
+    """The kind of a column's values in ``mode`` ("t" text, "b" binary)."""
+    convert = mapping.text if mode == "t" else mapping.binary
+    string_index = _branch_for(union, "string")
+    bytes_index = _branch_for(union, "bytes")
+    int_index = _int_branch(union)
+    if convert in _AS_TEXT and string_index is not None:
+        return ValueKind("text", long_bytes(string_index))
+    if _is_raw(convert) and bytes_index is not None:
+        return ValueKind("raw", long_bytes(bytes_index))
+    if convert is pg_scalars.jsonb_binary and string_index is not None:
+        return ValueKind("jsonb_binary", long_bytes(string_index))
+    if convert in _INT_TEXT and int_index is not None:
+        return ValueKind("int_text", long_bytes(int_index))
+    if convert in _INT_BINARY and int_index is not None:
+        return ValueKind(_INT_BINARY_KINDS[convert], long_bytes(int_index))
+    if convert is pg_scalars.bool_text and _branch_for(union, "boolean") == 1:
+        return ValueKind("bool_text", b"\x02")
+    if convert is pg_scalars.bool_binary and _branch_for(union, "boolean") == 1:
+        return ValueKind("bool_binary", b"\x02")
+    if convert is pg_scalars.float8_binary and _branch_for(union, "double") == 1:
+        return ValueKind("float8_binary", b"\x02")
+    scale = _bounded_numeric_text_scale(convert, union) if mode == "t" else None
+    if scale is not None:
+        return ValueKind("converted", b"\x02", scale)
+    first = base_type(union[1], {}) if len(union) > 1 else "null"
+    if mode == "t" and first == "long" and convert in _TIMESTAMP_TEXT:
+        return ValueKind("converted", b"\x02", native=_TIMESTAMP_TEXT[convert])
+    element = mapping.element
+    if (
+        mode == "t"
+        and element is not None
+        and len(union) == 3
+        and first == "array"
+        and element.text in _AS_TEXT
+        and _branch_for(nullable(element.avro), "string") == 1
+    ):
+        return ValueKind("converted", b"\x02", native="text_array", delimiter=mapping.delimiter)
+    return ValueKind("converted")
+
+
 def emit_value(
-    src: Source, col: int, mode: str, mapping: AvroMapping, union: list[Any], write: ValueWriter
+    src: Source,
+    col: int,
+    mode: str,
+    mapping: AvroMapping,
+    union: list[Any],
+    write: ValueWriter,
+    indent: int = 3,
 ) -> None:
     """Statements appending the Avro form of wire bytes ``d`` (not NULL, not TOAST) to ``a``."""
     convert = mapping.text if mode == "t" else mapping.binary
     tag = f"{mode}{col}"
-    ind = 3
-    string_index = _branch_for(union, "string")
-    bytes_index = _branch_for(union, "bytes")
-    int_index = _int_branch(union)
+    ind = indent
+    how = value_kind(mode, mapping, union)
+    kind = how.kind
     first = base_type(union[1], {}) if len(union) > 1 else "null"
-    if convert in _AS_TEXT and string_index is not None:
-        # Valid UTF-8 is all a str round trip would check; ASCII needs no check at all.
-        heads = src.const(f"H{tag}", _length_heads(long_bytes(string_index)))
-        prefix = src.const(f"P{tag}", long_bytes(string_index))
-        src.emit(ind, "if not d.isascii(): d.decode()")
+    if kind in ("text", "raw", "jsonb_binary"):
+        heads = src.const(f"H{tag}", _length_heads(how.prefix))
+        prefix = src.const(f"P{tag}", how.prefix)
+        if kind == "jsonb_binary":
+            src.emit(ind, "if d[:1] != b'\\x01': raise ValueError('unknown jsonb binary version')")
+            src.emit(ind, "d = d[1:]")
+        if kind != "raw":
+            # Valid UTF-8 is all a str round trip would check; ASCII needs no check at all.
+            src.emit(ind, "if not d.isascii(): d.decode()")
         src.emit(ind, "n = len(d)")
         src.emit(ind, f"a({heads}[n] if n < 8192 else {prefix} + _long(n)); a(d)")
-    elif _is_raw(convert) and bytes_index is not None:
-        heads = src.const(f"H{tag}", _length_heads(long_bytes(bytes_index)))
-        prefix = src.const(f"P{tag}", long_bytes(bytes_index))
-        src.emit(ind, "n = len(d)")
-        src.emit(ind, f"a({heads}[n] if n < 8192 else {prefix} + _long(n)); a(d)")
-    elif convert is pg_scalars.jsonb_binary and string_index is not None:
-        heads = src.const(f"H{tag}", _length_heads(long_bytes(string_index)))
-        prefix = src.const(f"P{tag}", long_bytes(string_index))
-        src.emit(ind, "if d[:1] != b'\\x01': raise ValueError('unknown jsonb binary version')")
-        src.emit(ind, "d = d[1:]")
-        src.emit(ind, "if not d.isascii(): d.decode()")
-        src.emit(ind, "n = len(d)")
-        src.emit(ind, f"a({heads}[n] if n < 8192 else {prefix} + _long(n)); a(d)")
-    elif (convert in _INT_TEXT or convert in _INT_BINARY) and int_index is not None:
-        prefix = src.const(f"P{tag}", long_bytes(int_index))
-        if convert in _INT_TEXT:
+    elif kind == "int_text" or kind in _INT_BINARY_KINDS.values():
+        prefix = src.const(f"P{tag}", how.prefix)
+        if kind == "int_text":
             src.emit(ind, "x = int(d)")
         else:
             src.emit(ind, f"x = {_INT_BINARY[convert]}(d)[0]")
-        if int_index == 1:  # small non-negative values: one table lookup for the value
+        if how.prefix == b"\x02":  # small non-negative values: one table lookup for the value
             src.emit(ind, _APPEND_LONG_BRANCH1)
         else:
             src.emit(ind, f"a({prefix} + _long(x))")
-    elif convert is pg_scalars.bool_text and _branch_for(union, "boolean") == 1:
+    elif kind == "bool_text":
         table = src.const(f"T{tag}", {b"t": b"\x02\x01", b"f": b"\x02\x00"})
         src.emit(ind, f"a({table}[d])")  # KeyError for anything else: the reference reports it
-    elif convert is pg_scalars.bool_binary and _branch_for(union, "boolean") == 1:
+    elif kind == "bool_binary":
         src.emit(ind, "a(b'\\x02\\x00' if d == b'\\x00' else b'\\x02\\x01')")
-    elif convert is pg_scalars.float8_binary and _branch_for(union, "double") == 1:
+    elif kind == "float8_binary":
         # Big-endian IEEE double -> Avro's little-endian: the same 8 bytes reversed (a float
         # keeps every bit, NaN payloads included, through struct's unpack/pack).
         src.emit(ind, "if len(d) != 8: raise ValueError('float8 of %d bytes' % len(d))")
@@ -210,7 +283,7 @@ def emit_value(
         src.emit(ind, "else:")
         ind += 1
         array = _array_fast(mapping, mode, union, lambda data: write(convert(data)))
-        scale = _bounded_numeric_text_scale(convert, union) if mode == "t" else None
+        scale = how.scale
         if scale is not None:
             # numeric_bounded_text's own fast path, inlined (a call and a dict probe less):
             # PostgreSQL prints exactly `scale` fractional digits; anything else (NaN,

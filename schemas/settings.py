@@ -91,8 +91,12 @@ LOCAL_STACK: Final = frozenset({
     "WALBRIDGE_HELPER_PORT_BASE",
 })  # fmt: skip
 
+# Diagnostics, read where they act rather than declared by a tool: WALBRIDGE_PURE_PYTHON=1 turns
+# off the compiled row encoder (schemas.native_encoder), for A/B benchmarks and debugging.
+DIAGNOSTIC: Final = frozenset({"WALBRIDGE_PURE_PYTHON"})
+
 # WALBRIDGE_<NAME>_FILE: a secret setting read from a file, for the producer and the consumer.
-ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK | SECRET_FILES
+ALL: Final = PRODUCER | CONSUMER | LOCAL_STACK | DIAGNOSTIC | SECRET_FILES
 PREFIX: Final = "WALBRIDGE_"
 
 

@@ -1,5 +1,6 @@
 # Sourced by deploy/local/test and deploy/local/demo: a virtualenv under $WALBRIDGE_HOME with walbridge
-# installed in editable mode. Re-installs only when pyproject.toml changes.
+# installed in editable mode. Re-installs only when pyproject.toml, setup.py or the C extension's
+# source (built in place by the editable install) changes.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 export WALBRIDGE_HOME="${WALBRIDGE_HOME:-$ROOT/.walbridge}"
 VENV="$WALBRIDGE_HOME/venv"
@@ -13,7 +14,7 @@ ensure_python_env() {
   "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
     || { echo "walbridge needs Python 3.11 or newer ('$python' is $("$python" --version 2>&1))" >&2; exit 1; }
   local stamp="$VENV/.walbridge-installed" want
-  want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+  want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/schemas/*.c | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return 0; fi
   echo "python-env: installing walbridge and its dependencies into $VENV" >&2
   mkdir -p "$WALBRIDGE_HOME/logs"
