@@ -64,6 +64,7 @@ from schemas.envelope import (
     transaction_key_schema,
     transaction_metadata_schema,
 )
+from schemas.native_encoder import encoder_in_use
 from schemas.safe_names import name_part
 from schemas.topics import (
     TableTopics,
@@ -294,6 +295,7 @@ def _build(
         extra={
             "slot": slot.slot_name, "slot_created": slot.created, "prefix": names.prefix,
             "failover": slot.failover, "server_version": client.server_version,
+            "row_encoder": encoder_in_use(),
         },
     )  # fmt: skip
     lag.start()

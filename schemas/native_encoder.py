@@ -32,7 +32,7 @@ try:
 except ImportError:  # not built: no C compiler where it was installed
     _wire_native = None  # type: ignore[assignment, unused-ignore]
 
-__all__ = ["NATIVE_BUILT", "native_enabled", "native_wire_encoder"]
+__all__ = ["NATIVE_BUILT", "encoder_in_use", "native_enabled", "native_wire_encoder"]
 
 NATIVE_BUILT: Final = _wire_native is not None
 # Operation codes of the extension, by value kind; "converted" is OP_CALL unless it is a
@@ -55,6 +55,15 @@ _OPS: Final[dict[str, str]] = {
 def native_enabled() -> bool:
     """Built, and not turned off (``WALBRIDGE_PURE_PYTHON=1``: benchmarks' A/B, debugging)."""
     return NATIVE_BUILT and os.environ.get("WALBRIDGE_PURE_PYTHON", "") != "1"
+
+
+def encoder_in_use() -> str:
+    """For the producer's start-up log: "compiled", or why the Python encoder runs instead."""
+    if not NATIVE_BUILT:
+        return "python (the compiled extension is not built here: no C compiler at install)"
+    if not native_enabled():
+        return "python (WALBRIDGE_PURE_PYTHON=1)"
+    return "compiled"
 
 
 def _op(how: ValueKind) -> tuple[int, bytes, int]:

@@ -56,6 +56,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import run_base, write_json
 from bench_replication import create_workload, drop_workload, generate, pg_dsn, time_recvlogical
+from kafka_readback import committed_since, end_offsets
 from plots import series_plot
 from producer_ceiling import CeilingRecords, run_ceiling
 
@@ -312,6 +313,7 @@ def main() -> None:
                         db, env, publication, base, f"{run}{exactly_once:d}", f"bench{tag}",
                         end_lsn, changes, exactly_once=exactly_once, profile=profile,
                         ceiling=ceiling, transactions=transactions,
+                        data_topic=table_topic(f"bench{tag}", schema, "rows"),
                     )  # fmt: skip
                     results.append(result)
                     r = result
@@ -402,15 +404,20 @@ def race(
     root: Path = ROOT,
     ceiling: CeilingRecords | None = None,
     transactions: int = 0,
+    data_topic: str | None = None,
 ) -> Result:
     """One run: fresh copies of the ``base`` slot for pg_recvlogical and for the producer of
     ``root`` (so both decode the same WAL from the same start), started on a quiet machine;
     with ``ceiling``, a third copy streamed by the producer's ceiling after it, once the
-    machine is quiet again. The copies are dropped afterwards."""
+    machine is quiet again. The copies are dropped afterwards. With ``data_topic`` (the
+    table's topic) the run also checks that the producer published exactly one committed
+    record per change there: a fast run that lost or doubled events must not count."""
     slots = [f"{base}_r{name}", f"{base}_p{name}"] + ([f"{base}_c{name}"] if ceiling else [])
     for slot in slots:
         db.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base, slot))
     try:
+        bootstrap = env["WALBRIDGE_KAFKA_BOOTSTRAP"]
+        published = end_offsets(bootstrap, data_topic) if data_topic else {}
         before = wait_quiet()
         recv = time_recvlogical(env["WALBRIDGE_PG_DSN"], slots[0], publication, end_lsn, changes)
         seconds, steady, cpu, main_cpu, rss = run_producer(
@@ -418,6 +425,12 @@ def race(
             slots[1], publication, prefix, end_lsn, profile, root,
         )  # fmt: skip
         after = load1()
+        if data_topic:
+            records = committed_since(bootstrap, data_topic, published)
+            if records != changes:
+                sys.exit(
+                    f"producer: {records:,} committed records in {data_topic} for {changes:,} changes"
+                )
         ceiling_s = ceiling_before = 0.0
         if ceiling is not None:
             markers, events = ceiling.get()

@@ -42,6 +42,7 @@ from bench_producer import (
 from bench_replication import create_workload, drop_workload, pg_dsn
 
 from producer.pgoutput import parse_lsn
+from schemas.topics import table_topic
 
 REGRESSION: float = 0.95  # HEAD's median ratio below this share of BASE's fails the comparison
 
@@ -102,6 +103,7 @@ def main() -> None:
                         db, env, publication, base, f"{run}{label.lower()}",
                         f"cmp{tag}{label.lower()}", end_lsn, changes,
                         exactly_once=args.exactly_once == "on", root=roots[label],
+                        data_topic=table_topic(f"cmp{tag}{label.lower()}", schema, "rows"),
                     )  # fmt: skip
                     ratios[label].append(r.ratio)
                     main_us[label].append(r.main_s / changes * 1e6)
