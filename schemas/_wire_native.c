@@ -414,6 +414,27 @@ static status encode_value(TupleEncoder *self, Out *o, const Plan *plan, const u
     return call_fallback(self, o, plan, d, n);
 }
 
+/* The key record's body: the key columns' bytes of the row, in the key's field order; None
+ * without a fused key. */
+static PyObject *key_bytes(TupleEncoder *self, const Out *o, const Py_ssize_t *bounds) {
+    if (self->key_count < 0) return Py_NewRef(Py_None);
+    Py_ssize_t size = 0;
+    for (Py_ssize_t k = 0; k < self->key_count; k++) {
+        Py_ssize_t c = self->key_order[k];
+        size += bounds[2 * c + 1] - bounds[2 * c];
+    }
+    PyObject *key = PyBytes_FromStringAndSize(NULL, size);
+    if (key == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(key);
+    for (Py_ssize_t k = 0; k < self->key_count; k++) {
+        Py_ssize_t c = self->key_order[k];
+        Py_ssize_t part = bounds[2 * c + 1] - bounds[2 * c];
+        memcpy(p, o->data + bounds[2 * c], (size_t)part);
+        p += part;
+    }
+    return key;
+}
+
 /* --- the call: (buf, pos) -> (row, unchanged, key or None, end) or None --------------------- */
 
 static PyObject *encode_tuple(TupleEncoder *self, const unsigned char *buf, Py_ssize_t len,
@@ -460,27 +481,10 @@ static PyObject *encode_tuple(TupleEncoder *self, const unsigned char *buf, Py_s
     {
         PyObject *row = PyBytes_FromStringAndSize((const char *)o.data, o.len);
         if (row == NULL) goto done;
-        PyObject *key;
-        if (self->key_count < 0) {
-            key = Py_NewRef(Py_None);
-        } else {
-            Py_ssize_t size = 0;
-            for (Py_ssize_t k = 0; k < self->key_count; k++) {
-                Py_ssize_t c = self->key_order[k];
-                size += bounds[2 * c + 1] - bounds[2 * c];
-            }
-            key = PyBytes_FromStringAndSize(NULL, size);
-            if (key == NULL) {
-                Py_DECREF(row);
-                goto done;
-            }
-            char *p = PyBytes_AS_STRING(key);
-            for (Py_ssize_t k = 0; k < self->key_count; k++) {
-                Py_ssize_t c = self->key_order[k];
-                Py_ssize_t part = bounds[2 * c + 1] - bounds[2 * c];
-                memcpy(p, o.data + bounds[2 * c], (size_t)part);
-                p += part;
-            }
+        PyObject *key = key_bytes(self, &o, bounds);
+        if (key == NULL) {
+            Py_DECREF(row);
+            goto done;
         }
         PyObject *end = PyLong_FromSsize_t(pos);
         if (end == NULL) {
@@ -676,6 +680,8 @@ static PyGetSetDef TupleEncoder_getset[] = {
     {NULL},
 };
 
+static PyMethodDef TupleEncoder_methods[];
+
 static PyTypeObject TupleEncoderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "schemas._wire_native.TupleEncoder",
     .tp_doc = PyDoc_STR("(pgoutput payload, TupleData offset) -> (row body, unchanged TOAST "
@@ -689,7 +695,134 @@ static PyTypeObject TupleEncoderType = {
     .tp_vectorcall_offset = offsetof(TupleEncoder, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_getset = TupleEncoder_getset,
+    .tp_methods = TupleEncoder_methods,
 };
+/* --- COPY text rows: (line) -> (row body, key body or None) or None ----------------------- */
+
+/* The same plans read one row of COPY ... TO STDOUT text (no newline). A line holding a
+ * backslash (NULL as \N, or an escape) goes to `slow`, the generated Python COPY twin, which
+ * applies the COPY text rules' one home (producer.snapshot.copy_text); a backslash-free line's
+ * fields are the values' text as they are, each encoded as a streamed text value. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    TupleEncoder *plans;
+    PyObject *slow;
+} CopyEncoder;
+
+static PyObject *encode_copy_line(CopyEncoder *self, PyObject *line) {
+    TupleEncoder *plans = self->plans;
+    char *data;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(line, &data, &len) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)data;
+    if (memchr(buf, '\\', (size_t)len) != NULL) return PyObject_CallOneArg(self->slow, line);
+    if (plans->width == 0) return Py_NewRef(Py_None); /* one (empty) field, no column */
+    Out o;
+    Py_ssize_t stack_bounds[2 * 16];
+    Py_ssize_t *bounds = stack_bounds;
+    PyObject *result = NULL;
+    if (plans->width > 16) {
+        bounds = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)plans->width);
+        if (bounds == NULL) return PyErr_NoMemory();
+    }
+    out_init(&o);
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i < plans->width; i++) {
+        if (start > len) goto refuse; /* fewer fields than columns */
+        const unsigned char *tab = memchr(buf + start, '\t', (size_t)(len - start));
+        Py_ssize_t end = tab != NULL ? tab - buf : len;
+        if ((i == plans->width - 1) != (tab == NULL)) goto refuse; /* a field count other than the width */
+        bounds[2 * i] = o.len;
+        status st = encode_value(plans, &o, &plans->columns[i].text, buf + start, end - start);
+        if (st < 0) goto done;
+        if (st == 0) goto refuse;
+        bounds[2 * i + 1] = o.len;
+        start = end + 1;
+    }
+    {
+        PyObject *row = PyBytes_FromStringAndSize((const char *)o.data, o.len);
+        if (row == NULL) goto done;
+        PyObject *key = key_bytes(plans, &o, bounds);
+        if (key == NULL) {
+            Py_DECREF(row);
+            goto done;
+        }
+        result = PyTuple_Pack(2, row, key);
+        Py_DECREF(row);
+        Py_DECREF(key);
+    }
+    goto done;
+refuse:
+    result = Py_NewRef(Py_None);
+done:
+    out_free(&o);
+    if (bounds != stack_bounds) PyMem_Free(bounds);
+    return result;
+}
+
+static PyObject *CopyEncoder_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
+        PyErr_SetString(PyExc_TypeError, "a COPY row encoder takes (line)");
+        return NULL;
+    }
+    return encode_copy_line((CopyEncoder *)callable, args[0]);
+}
+
+static void CopyEncoder_dealloc(CopyEncoder *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->plans);
+    Py_CLEAR(self->slow);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int CopyEncoder_traverse(CopyEncoder *self, visitproc visit, void *arg) {
+    Py_VISIT(self->plans);
+    Py_VISIT(self->slow);
+    return 0;
+}
+
+static int CopyEncoder_clear(CopyEncoder *self) {
+    Py_CLEAR(self->plans);
+    Py_CLEAR(self->slow);
+    return 0;
+}
+
+static PyTypeObject CopyEncoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "schemas._wire_native.CopyEncoder",
+    .tp_doc = PyDoc_STR("(one COPY text row) -> (row body, key body or None), or None to take "
+                        "the careful path"),
+    .tp_basicsize = sizeof(CopyEncoder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_dealloc = (destructor)CopyEncoder_dealloc,
+    .tp_traverse = (traverseproc)CopyEncoder_traverse,
+    .tp_clear = (inquiry)CopyEncoder_clear,
+    .tp_vectorcall_offset = offsetof(CopyEncoder, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
+static PyObject *TupleEncoder_copy_twin(TupleEncoder *self, PyObject *slow) {
+    if (!PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "copy_twin takes the Python COPY twin (a callable)");
+        return NULL;
+    }
+    CopyEncoder *twin = PyObject_GC_New(CopyEncoder, &CopyEncoderType);
+    if (twin == NULL) return NULL;
+    twin->vectorcall = CopyEncoder_vectorcall;
+    twin->plans = (TupleEncoder *)Py_NewRef(self);
+    twin->slow = Py_NewRef(slow);
+    PyObject_GC_Track(twin);
+    return (PyObject *)twin;
+}
+
+static PyMethodDef TupleEncoder_methods[] = {
+    {"copy_twin", (PyCFunction)TupleEncoder_copy_twin, METH_O,
+     PyDoc_STR("copy_twin(slow) -> the COPY text row encoder with these plans; lines holding a "
+               "backslash go to slow(line)")},
+    {NULL},
+};
+
 
 static struct PyModuleDef wire_native_module = {
     PyModuleDef_HEAD_INIT,
@@ -699,7 +832,7 @@ static struct PyModuleDef wire_native_module = {
 };
 
 PyMODINIT_FUNC PyInit__wire_native(void) {
-    if (PyType_Ready(&TupleEncoderType) < 0) return NULL;
+    if (PyType_Ready(&TupleEncoderType) < 0 || PyType_Ready(&CopyEncoderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&wire_native_module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "TupleEncoder", (PyObject *)&TupleEncoderType) < 0 ||

@@ -325,7 +325,12 @@ def copy_encoder(encoder: Callable[..., Any], split: CopySplitter) -> CopyRowKey
         factory = getattr(encoder, "copy_factory", None)
         if factory is None:
             return None
-        twin = made[split] = factory(split)
+        twin = factory(split)
+        # The compiled encoder, where the wire twin is one: backslash-free lines natively,
+        # the others through the Python twin just made (the COPY text rules' one home).
+        wire = getattr(encoder, "wire", None)
+        copy_twin = getattr(wire, "copy_twin", None)
+        made[split] = twin = copy_twin(twin) if copy_twin is not None else twin
     return twin
 
 

@@ -338,3 +338,44 @@ def test_array_and_timestamp_columns_take_native_operations() -> None:
         (w.OP_TEXT, w.OP_JSONB_BIN),
         (w.OP_BOOL_TEXT, w.OP_BOOL_BIN),
     )
+
+
+def _copy_twins(codec: RelationCodec) -> tuple[Any, Any]:
+    """(the compiled COPY twin, the generated Python one it hands backslash lines to)."""
+    from producer.snapshot.copy_text import fields
+
+    encoder = codec.encode_row if codec.encode_key is None else codec.encode_row_key
+    native = row_encoder.copy_encoder(encoder, fields)
+    python = encoder.copy_factory(fields)  # type: ignore[attr-defined]
+    assert type(native).__name__ == "CopyEncoder"
+    return native, python
+
+
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_copy_rows_of_every_mapped_types_edge_values(label: str) -> None:
+    oid, typmod, text, _, _ = CASES[label]
+    for keyed in (True, False):
+        codec = codec_for(
+            ("id", INT8, -1, keyed), ("c", oid, typmod, False), ("n", INT4, -1, False)
+        )
+        native, python = _copy_twins(codec)
+        for line in (
+            b"7\t" + text + b"\t3", b"7\t\\N\t3", b"7\t" + text, b"7\t" + text + b"\t3\t4",
+            b"x7\t" + text + b"\t3", b"7\t" + text + b"\t", b"", b"\t\t",
+        ):  # fmt: skip
+            assert native(line) == python(line), line
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.sampled_from([b"a", b"1", b"\t", b"\\", b"N", b"-", b".", b"{", b"}", b","]), max_size=20
+    )
+)
+def test_copy_lines_agree_with_the_python_twin(pieces: list[bytes]) -> None:
+    native, python = _copy_twins(WIDE)
+    line = b"".join(pieces)
+    assert native(line) == python(line)
+    good = b"\t".join([b"12", b"x", b"-5", b"{a,b}", b"2.5", b"t", b"-1.25", b'{"a": 1}', b"7"])
+    got = native(good)
+    assert got is not None and got == python(good)
