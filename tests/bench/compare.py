@@ -7,8 +7,9 @@ Run (needs the local stack and a quiet machine):
         [--changes N] [--runs 5] [--exactly-once on|off]
 
 BASE and HEAD are any git revisions (``main``, ``HEAD~3``, a sha). Each is checked out once as
-a detached worktree under ``$WALBRIDGE_HOME/compare/<sha>`` (kept for the next comparison);
-both producers run with this checkout's Python environment. The shape's WAL is written once
+a detached worktree under ``$WALBRIDGE_HOME/compare/<sha>`` (kept for the next comparison),
+with its compiled row encoder built in place where the commit has one (``setup.py``); both
+producers run with this checkout's Python environment. The shape's WAL is written once
 (``bench_producer.py``'s workload); each run copies its slot for ``pg_recvlogical`` and for the
 producer, and the two commits alternate (BASE first on odd runs, HEAD first on even ones), so
 a load that drifts during the comparison hits both alike. Each producer is timed against its
@@ -63,6 +64,13 @@ def checkout(sha: str) -> Path:
         subprocess.run(
             ["git", "worktree", "add", "--detach", "--force", str(path), sha],
             cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+    if (path / "setup.py").is_file():
+        # The compiled row encoder is a build product, not in git: build it in the worktree
+        # (the producer runs from there), or that commit would run the pure-Python encoder.
+        subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=path, check=True, capture_output=True,
         )  # fmt: skip
     return path
 
