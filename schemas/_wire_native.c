@@ -147,6 +147,19 @@ static int is_ascii(const unsigned char *d, Py_ssize_t n) {
     return 1;
 }
 
+/* Valid UTF-8, as Python's strict decoder says (the generated encoder checks with
+ * bytes.decode(), so the two must refuse exactly the same bytes); ASCII needs no decoder. */
+static int valid_utf8(const unsigned char *d, Py_ssize_t n) {
+    if (is_ascii(d, n)) return 1;
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)d, n, "strict");
+    if (text == NULL) {
+        PyErr_Clear(); /* the fallback raises the same UnicodeDecodeError, or the caller refuses */
+        return 0;
+    }
+    Py_DECREF(text);
+    return 1;
+}
+
 /* Strictly '-'? digits, at most 18 digits: what PostgreSQL prints for int2/int4/int8/oid. */
 static int parse_plain_int(const unsigned char *d, Py_ssize_t n, int64_t *out) {
     Py_ssize_t i = 0;
@@ -261,27 +274,13 @@ static status native_value(Out *o, const Plan *plan, const unsigned char *d, Py_
     int64_t x;
     switch (plan->op) {
     case OP_TEXT:
-        if (!is_ascii(d, n)) {
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)d, n, "strict");
-            if (text == NULL) { /* the fallback raises the same UnicodeDecodeError */
-                PyErr_Clear();
-                return 0;
-            }
-            Py_DECREF(text);
-        }
+        if (!valid_utf8(d, n)) return 0;
         return out_prefixed(o, plan, d, n) < 0 ? -1 : 1;
     case OP_RAW:
         return out_prefixed(o, plan, d, n) < 0 ? -1 : 1;
     case OP_JSONB_BIN:
         if (n < 1 || d[0] != 1) return 0;
-        if (!is_ascii(d + 1, n - 1)) {
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)d + 1, n - 1, "strict");
-            if (text == NULL) {
-                PyErr_Clear();
-                return 0;
-            }
-            Py_DECREF(text);
-        }
+        if (!valid_utf8(d + 1, n - 1)) return 0;
         return out_prefixed(o, plan, d + 1, n - 1) < 0 ? -1 : 1;
     case OP_INT_TEXT:
         if (!parse_plain_int(d, n, &x)) return 0;
@@ -342,14 +341,7 @@ static status native_value(Out *o, const Plan *plan, const unsigned char *d, Py_
             braces += d[i] == '{';
         }
         if (braces != 1) return 0;
-        if (!is_ascii(d, n)) {
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)d, n, "strict");
-            if (text == NULL) {
-                PyErr_Clear();
-                return 0;
-            }
-            Py_DECREF(text);
-        }
+        if (!valid_utf8(d, n)) return 0; /* the items are valid exactly when the whole is */
         const unsigned char delimiter = (unsigned char)plan->arg;
         Py_ssize_t end = n - 1 > 1 ? n - 1 : 1; /* data[1:-1] */
         Py_ssize_t items = 1;

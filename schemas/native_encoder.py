@@ -35,8 +35,9 @@ except ImportError:  # not built: no C compiler where it was installed
 __all__ = ["NATIVE_BUILT", "encoder_in_use", "native_enabled", "native_wire_encoder"]
 
 NATIVE_BUILT: Final = _wire_native is not None
-# Operation codes of the extension, by value kind; "converted" is OP_CALL unless it is a
-# numeric(p,s) with the inlined decimal path.
+# Operation codes of the extension, by value kind. A "converted" kind is OP_CALL (its Python
+# statements) unless ``_op`` finds a native operation for it: numeric(p,s) text, timestamps,
+# flat text arrays.
 _OPS: Final[dict[str, str]] = {
     "text": "OP_TEXT",
     "raw": "OP_RAW",

@@ -8,14 +8,19 @@ import uuid
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 
-def read_back(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | None, bytes]]:
-    """Up to ``limit`` (key, value) pairs of ``topic``'s committed records, each partition from
-    its start, in offset order; exits if there is none."""
-    consumer = Consumer(
+def _committed_reader(bootstrap: str) -> Consumer:
+    """A consumer of committed records only, that reports each partition's end."""
+    return Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
          "enable.auto.commit": False, "enable.partition.eof": True,
          "isolation.level": "read_committed"}
     )  # fmt: skip
+
+
+def read_back(bootstrap: str, topic: str, limit: int) -> list[tuple[bytes | None, bytes]]:
+    """Up to ``limit`` (key, value) pairs of ``topic``'s committed records, each partition from
+    its start, in offset order; exits if there is none."""
+    consumer = _committed_reader(bootstrap)
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0: the first offset
@@ -58,11 +63,7 @@ def committed_since(bootstrap: str, topic: str, start: dict[int, int]) -> int:
     """How many committed records ``topic`` holds past ``start`` (partition -> offset, as
     ``end_offsets`` gave before a run; a partition missing there counts from its first): what
     a benchmark run published, each record counted once, aborted ones not at all."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-         "enable.auto.commit": False, "enable.partition.eof": True,
-         "isolation.level": "read_committed"}
-    )  # fmt: skip
+    consumer = _committed_reader(bootstrap)
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in partitions])
