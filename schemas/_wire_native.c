@@ -13,11 +13,13 @@
  * the operations below, with the same conditions as the generated Python statements, and
  * hands each column a Python fallback: the generated statements for that one column. Any
  * value the native operation does not handle exactly (an integer that is not plain digits, a
- * numeric with more than 18 digits, a timestamp, an array, ...) goes to that fallback, so
- * the bytes are the Python path's by construction. A failure the Python path would answer
- * with "None, take the careful path" (its CONVERSION_FAILURES) is answered the same way here.
- * Tests (tests/unit/test_wire_native.py) compare both paths byte for byte on every mapped
- * type, edge values and random TupleData.
+ * numeric with more than 18 digits, a timestamp at another offset than +00, a quoted array
+ * item, an interval, ...) goes to that fallback, so the bytes are the Python path's by
+ * construction. A failure the Python path would answer with "None, take the careful path"
+ * (its CONVERSION_FAILURES) is answered the same way here. The same plans also encode COPY
+ * text rows for snapshots (CopyEncoder, below). Tests (tests/unit/test_wire_native.py)
+ * compare both paths byte for byte on every mapped type, edge values, random and mutated
+ * TupleData and COPY lines; docs/development.md says how to run them under ASan and UBSan.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
