@@ -151,3 +151,46 @@ def test_a_commit_while_still_skipping_never_moves_the_position_back(
     sink.begin_transaction()
     control.commit_kafka(partial=tx)
     assert sink.produced[-1][2] == ResumePoint(tx.commit_lsn, 3, False).encode()
+
+
+class SplitControl:
+    """The confirmation calls serve() makes; records the partial commits it asks for."""
+
+    def __init__(self) -> None:
+        self.partials: list[int] = []
+
+    def confirm_acked(self) -> None:
+        pass
+
+    def keep_alive(self) -> None:
+        pass
+
+    def commit_kafka(self, partial: Any = None, reopen: Any = None) -> None:
+        assert partial is not None
+        self.partials.append(partial.event_count)
+
+
+def test_a_big_transaction_splits_at_max_events_within_one_count_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commit policy sees the events produced so far at every serve (POLL_EVERY events),
+    not only at the periodic count flush: a fast producer fills one COUNTS_EVERY_S with far
+    more than kafka_transaction_max_events (here the clock stands still, so the periodic
+    flush never comes due)."""
+    from producer.emitter import POLL_EVERY
+
+    sink = FakeSink()
+    sink.in_transaction = True
+    sink.transaction_started = 1000.0
+    eot = transactions(sink)  # max_events 1000
+    control = SplitControl()
+    rig, _ = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    em = rig.em
+    em.eot, em.control = eot, control  # type: ignore[assignment]
+    monkeypatch.setattr("producer.emitter.time.monotonic", lambda: 1000.0)
+    em._next_counts = 2000.0  # the periodic flush is not due while the clock stands still
+    inserts = [encode(Insert(None, REL, row(i, "a", "x", "1"))) for i in range(3 * POLL_EVERY)]
+    for n, payload in enumerate(inserts):
+        assert rig.fast(payload, payload[0], 0x3000 + n) is True
+    assert control.partials, "no partial commit: the policy never saw the events"
+    assert control.partials[0] <= POLL_EVERY + 1  # split at the first serve past 1,000 events
