@@ -497,18 +497,29 @@ class EventEmitter:
         control = self.control
         control.confirm_acked()
         eot, tx = self.eot, self.tx
+        self.flush_counts_if_due(time.monotonic())
         if eot is not None and tx is not None and tx.splittable and tx.event_count:
-            # The commit policy counts what the flush has handed it: flushed here, it is exact
-            # to POLL_EVERY events. (At the periodic flush alone it lagged by up to
+            # The policy also counts what the periodic flush has not handed it yet: exact to
+            # POLL_EVERY events. (With the flush's counts alone it lagged by up to
             # COUNTS_EVERY_S: tens of thousands of events at today's rate, so a transaction
             # could outgrow kafka_transaction_max_events several times over.)
-            self.flush_counts()
-            if eot.due():
+            events, size = self._unflushed()
+            if eot.due(events, size):
                 # A big source transaction: commit what it has produced so far, go on in a new one.
                 control.commit_kafka(partial=tx)
-        else:
-            self.flush_counts_if_due(time.monotonic())
         control.keep_alive()
+
+    def _unflushed(self) -> tuple[int, int]:
+        """Events and bytes produced since the last count flush (what eot has not counted)."""
+        events = size = 0
+        for route in self.routes.values():
+            counts = route.counts
+            events += counts[0]
+            size += counts[1]
+        for counts in self._counts.values():
+            events += counts[0]
+            size += counts[1]
+        return events, size
 
     def wait_for_room(self, topic: str, key: bytes | None, value: bytes) -> None:
         """librdkafka's queue is full: wait for deliveries (keeping the stream alive)."""

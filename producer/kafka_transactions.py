@@ -110,11 +110,13 @@ class KafkaTransactions:
             self._finished = None
         return self._position
 
-    def due(self) -> bool:
+    def due(self, unflushed_events: int = 0, unflushed_bytes: int = 0) -> bool:
+        """The open Kafka transaction is to be committed; the caller adds what it produced
+        that ``count`` has not been told of yet."""
         if not self.sink.in_transaction:
             return False
         age = time.monotonic() - self.sink.transaction_started
-        return self.policy.due(age, self.events, self.bytes)
+        return self.policy.due(age, self.events + unflushed_events, self.bytes + unflushed_bytes)
 
     def confirm_cap(self) -> int | None:
         """The highest LSN that may be confirmed while a Kafka transaction is open (None: no
