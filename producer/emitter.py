@@ -505,7 +505,10 @@ class EventEmitter:
             # could outgrow kafka_transaction_max_events several times over.)
             events, size = self._unflushed()
             if eot.due(events, size):
-                # A big source transaction: commit what it has produced so far, go on in a new one.
+                # A big source transaction: commit what it has produced so far, go on in a new
+                # one. Counts flushed first, as at every commit: what the next Kafka
+                # transaction counts starts at zero, not with this one's unflushed events.
+                self.flush_counts()
                 control.commit_kafka(partial=tx)
         control.keep_alive()
 

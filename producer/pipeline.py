@@ -203,6 +203,9 @@ class Pipeline:
         if eot is not None:
             eot.source_finished(tx.commit_lsn, tx.event_count, message.end_lsn)
             if eot.due():
+                # Counts flushed at every commit: the emitter's split check adds what is not
+                # flushed yet, which must belong to the open Kafka transaction only.
+                self.emitter.flush_counts()
                 control.commit_kafka()
         if self.tracker.in_flight:
             control.wait_for_acks_sooner(True)

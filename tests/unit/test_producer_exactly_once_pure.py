@@ -194,3 +194,42 @@ def test_a_big_transaction_splits_at_max_events_within_one_count_period(
         assert rig.fast(payload, payload[0], 0x3000 + n) is True
     assert control.partials, "no partial commit: the policy never saw the events"
     assert control.partials[0] <= POLL_EVERY + 1  # split at the first serve past 1,000 events
+
+
+def test_after_a_split_the_next_kafka_transaction_counts_from_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each split commit starts the next Kafka transaction's count at zero: a 6,144-event
+    source transaction with max_events 2,000 is split every 2,048 events (the first serve past
+    2,000), not at every serve once the first split happened (the unflushed counts of before
+    the commit must not be counted again). (``time.monotonic`` patched stands for both
+    modules: the periodic flush never comes due, and the open transaction's age stays 0.)"""
+    from producer.emitter import POLL_EVERY
+
+    sink = FakeSink()
+    sink.in_transaction = True
+    sink.transaction_started = 1000.0
+    eot = KafkaTransactions(
+        sink,  # type: ignore[arg-type]
+        CommitPolicy(100, 2000, 1 << 30),
+        offsets_topic="db.offsets",
+        slot="s1",
+        metrics=Metrics(),
+    )
+    control = SplitControl()
+
+    def commit_kafka(partial: Any = None, reopen: Any = None) -> None:
+        control.partials.append(partial.event_count)
+        eot.events = eot.bytes = 0  # what KafkaTransactions.commit does to its counts
+
+    control.commit_kafka = commit_kafka  # type: ignore[method-assign]
+    rig, _ = pipeline_with(route_for("d", ("id",)), monkeypatch)
+    em = rig.em
+    em.eot, em.control = eot, control  # type: ignore[assignment]
+    monkeypatch.setattr("producer.emitter.time.monotonic", lambda: 1000.0)
+    em._next_counts = 2000.0
+    count = 6 * POLL_EVERY
+    for n in range(count):
+        payload = encode(Insert(None, REL, row(n, "a", "x", "1")))
+        assert rig.fast(payload, payload[0], 0x4000 + n) is True
+    assert len(control.partials) == count // (2 * POLL_EVERY), control.partials
