@@ -97,6 +97,12 @@ class Metrics:
             "before the chunk's low watermark (not yet visible then), by table",
             ["table"], registry=r,
         )  # fmt: skip
+        self.snapshot_worker_ranges = Counter(
+            "walbridge_snapshot_worker_ranges",
+            "Ranges the snapshot workers read, by table and kind (key: a keyed table's key "
+            "ranges; block: a table without a key's heap block ranges)",
+            ["table", "kind"], registry=r,
+        )  # fmt: skip
         self.snapshot_rows_estimate = Gauge(
             "walbridge_snapshot_rows_estimate",
             "Rows the planner estimates the table holds (pg_class.reltuples), by table",

@@ -124,6 +124,27 @@ def whole_copy(schema: str, table: str, columns: Sequence[str]) -> sql.Composed:
     )
 
 
+def block_copy(
+    schema: str, table: str, columns: Sequence[str], first: int, end: int | None
+) -> sql.Composed:
+    """``COPY (SELECT columns FROM table WHERE ctid >= '(first,0)' [AND ctid < '(end,0)'])
+    TO STDOUT``: a table without a key's heap blocks ``[first, end)`` (a TID range scan: only
+    those blocks are read), for a snapshot worker."""
+    if first < 0 or (end is not None and end <= first):
+        raise ValueError(f"{schema}.{table}: bad block range [{first}, {end})")
+    where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)"))
+    if end is not None:
+        where += sql.SQL(" AND ctid < {}::tid").format(sql.Literal(f"({end},0)"))
+    return sql.SQL("COPY (SELECT {columns} FROM {table} WHERE {where}) TO STDOUT").format(
+        columns=_columns(columns), table=sql.Identifier(schema, table), where=where
+    )
+
+
+# The table's heap blocks now (pg_class.relpages is only the last VACUUM's or ANALYZE's count);
+# a partitioned table's own heap is empty: its partitions are then read as one range.
+RELATION_BLOCKS = "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::bigint"
+
+
 def keys_copy(
     schema: str,
     table: str,

@@ -12,7 +12,7 @@ the input of the table's encoders.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO, Final
 
 from producer.pgoutput.tuples import TupleData, Value
@@ -83,16 +83,30 @@ def spooled_batches(spool: BinaryIO, block_size: int = 4 * 1024 * 1024) -> Itera
     than two ``block_size`` blocks (a row longer than a block: its own batch): memory stays
     bounded whatever the file's size."""
     spool.seek(0)
-    pending: list[bytes] = []  # the start of a row not ended yet (a long row: several blocks)
-    while True:
-        block = spool.read(block_size)
-        if not block:
-            break
-        end = block.rfind(b"\n") + 1
-        if not end:
-            pending.append(block)
+    return line_batches(iter(lambda: spool.read(block_size), b""), block_size)
+
+
+def line_batches(
+    blocks: Iterable[bytes], batch_bytes: int = 4 * 1024 * 1024
+) -> Iterator[list[bytes]]:
+    """COPY text output arriving in blocks of any size (a file's, or the server's CopyData
+    messages) -> its rows, in batches of about ``batch_bytes`` (a row longer than that: its own
+    batch), whole rows only: memory stays bounded whatever the output's size."""
+    pending: list[bytes] = []  # blocks not split yet; the last may end inside a row
+    size = 0
+    for block in blocks:
+        pending.append(block)
+        size += len(block)
+        if size < batch_bytes:
             continue
-        yield split_lines(b"".join((*pending, block[:end])))
-        pending = [block[end:]] if end < len(block) else []
-    if pending:
-        raise CopyFormatError("COPY output does not end with a newline")
+        data = b"".join(pending)
+        end = data.rfind(b"\n") + 1
+        if not end:  # one row longer than a batch, not ended yet
+            pending, size = [data], len(data)
+            continue
+        yield split_lines(data[:end])
+        rest = data[end:]
+        pending, size = ([rest], len(rest)) if rest else ([], 0)
+    tail = b"".join(pending)
+    if tail:
+        yield split_lines(tail)  # (raises unless it ends a row)

@@ -16,6 +16,7 @@ from typing import Any
 
 from producer.snapshot.copy_text import fields, spooled_batches, tuple_data
 from producer.snapshot.reader import key_text
+from producer.snapshot.row_spool import row_batches
 from producer.snapshot.watermarks import Window, rows_to_drop
 from schemas.row_encoder import copy_encoder
 
@@ -30,6 +31,9 @@ def publish_rows(
     how many it left out, and the keys of the rows to read again."""
     if window.encoded is not None and window.spool is None and route.shape.keyed:
         return _publish_encoded(window, window.encoded, route, lsn, emit)
+    if window.encoded_spools:
+        kept, dropped = _publish_spooled(window, route, lsn, emit)
+        return kept, dropped, []
     ncols = len(window.table.columns)
     encode = codec.encode_row_key
     # The compiled COPY text twin (the careful path: split into values, then encode; it
@@ -107,3 +111,30 @@ def _publish_encoded(
     emit(route, out, not window.more and window.keys is None, lsn)
     lines = window.all_lines() if again else []
     return len(out), len(pairs) - len(out), [key_text(window.table, lines[i]) for i in again]
+
+
+def _publish_spooled(window: Window, route: Any, lsn: int, emit: EmitReads) -> tuple[int, int]:
+    """A table without a key as the snapshot workers read and encoded it (one spool file per
+    block range): whole rows left out as many times as the streamed changes the read did not
+    see say (as the single reader's spool is), the rest published a batch at a time, the last
+    row marked as such; returns how many were published and how many left out."""
+    assert window.read_snapshot is not None  # set with the spools
+    drop = rows_to_drop(window.images, window.read_snapshot)
+    kept = dropped = 0
+    out: list[tuple[bytes, bytes | None]] = []
+    for spool in window.encoded_spools:
+        for rows in row_batches(spool):
+            if len(out) > 1:  # the last kept row waits: it is the table's last if all after go
+                emit(route, out[:-1], False, lsn)
+                kept += len(out) - 1
+                out = out[-1:]
+            keep = out.append
+            for row in rows:
+                if drop[row]:  # (a Counter: 0 for a row no change matched)
+                    drop[row] -= 1
+                    dropped += 1
+                    continue
+                keep((row, None))
+    kept += len(out)
+    emit(route, out, True, lsn)
+    return kept, dropped

@@ -1,4 +1,5 @@
-"""A window's rows split into key ranges, one per snapshot worker. Pure.
+"""A window's rows split into key ranges, one per snapshot worker; a table without a key's heap
+split into block ranges. Pure.
 
 The window is the next ``limit`` rows after the table's cursor; ``chunk_sql.range_marks``
 numbers them in key order (in the window's snapshot) and returns the key of every
@@ -7,6 +8,10 @@ upper bounds (row ``limit`` is one too): each range is ``after < key <= upto``, 
 cover the window's rows exactly once, in key order. A window that reaches the table's end has
 a last range with no upper bound (fewer than ``step`` rows). Both queries run in the same
 snapshot (the window's, exported to the workers), so the bounds and the rows agree.
+
+A table without a key is read whole, in one window; with workers, by ranges of heap blocks
+(``ctid >= '(first,0)' AND ctid < '(end,0)'``, a TID range scan), the last one open-ended, so
+the ranges hold every row exactly once whatever the table's size when they are read.
 """
 
 from __future__ import annotations
@@ -49,3 +54,22 @@ def split_ranges(
         lower = key
     ranges.append(KeyRange(lower, None))
     return ranges, False
+
+
+# Below this many heap blocks (8 kB each) a block range is not worth a worker's round trip.
+MIN_RANGE_BLOCKS = 128
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    first: int  # the first heap block, inclusive
+    end: int | None  # exclusive; None: to the table's end
+
+
+def block_ranges(blocks: int, workers: int, min_blocks: int = MIN_RANGE_BLOCKS) -> list[BlockRange]:
+    """A heap of ``blocks`` blocks shared by the workers, ``min_blocks`` at least per range but
+    the last, which has no end: it holds what the table has past the count too, so the ranges
+    cover every possible row position and a row is read once however the count was taken."""
+    step = max(min_blocks, -(-blocks // max(workers, 1)), 1)
+    firsts = range(0, max(blocks, 1), step)
+    return [BlockRange(first, first + step if first != firsts[-1] else None) for first in firsts]

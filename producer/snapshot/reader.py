@@ -18,10 +18,17 @@ import psycopg
 from producer.errors import SnapshotError
 from producer.replication.dsn import WALSENDER_OUTPUT_OPTIONS, redact_dsn, sql_conninfo
 from producer.snapshot.catalog import SnapshotTable
-from producer.snapshot.chunk_sql import chunk_copy, keys_copy, range_marks, whole_copy
+from producer.snapshot.chunk_sql import (
+    RELATION_BLOCKS,
+    chunk_copy,
+    keys_copy,
+    range_marks,
+    whole_copy,
+)
 from producer.snapshot.copy_text import fields, split_lines
 from producer.snapshot.pacing import CatchUpGate
-from producer.snapshot.ranges import KeyRange, range_step, split_ranges
+from producer.snapshot.ranges import KeyRange, block_ranges, range_step, split_ranges
+from producer.snapshot.row_spool import open_spooled
 from producer.snapshot.watermarks import (
     WATERMARK_PREFIX,
     ChunkSizer,
@@ -31,6 +38,7 @@ from producer.snapshot.watermarks import (
     watermark_content,
 )
 from producer.snapshot.workers import (
+    BlockTask,
     BrokenProcessPool,
     CodecSpec,
     RangeFailed,
@@ -202,7 +210,9 @@ class ChunkReader:
         conn = self._connection()
         self._wait_visible(conn, window)
         self._emit(window, Mark.LOW)
-        if window.whole:
+        if window.whole and self._workers is not None and window.spec is not None:
+            self._read_blocks(conn, window, self._workers)
+        elif window.whole:
             self._read_whole(conn, window)
         elif self._workers is not None and window.spec is not None and window.keys is None:
             self._read_ranges(conn, window, self._workers)
@@ -309,16 +319,8 @@ class ChunkReader:
             marks = [(int(r[0]), tuple(r[1:])) for r in cur.execute(query).fetchall()]
             ranges, more = split_ranges(window.cursor, marks, window.limit)
             tasks = [self._task(snapshot_id, window, spec, r) for r in ranges]
-            try:
+            with _worker_failures():
                 results = workers.read(tasks)
-            except RangeFailed as exc:
-                if exc.connection:  # retried as the reader's own connection failures are
-                    raise psycopg.OperationalError(f"snapshot worker: {exc}") from None
-                raise
-            except BrokenProcessPool as exc:
-                raise RuntimeError(
-                    "a snapshot worker process died (killed, or out of memory?)"
-                ) from exc
         encoded: list[tuple[bytes, bytes | None]] = []
         window.bytes_read = 0
         for result in results:
@@ -338,6 +340,33 @@ class ChunkReader:
             window.as_of, spec,
         )  # fmt: skip
 
+    def _read_blocks(
+        self, conn: psycopg.Connection[Any], window: Window, workers: WorkerPool
+    ) -> None:
+        """A table without a key read whole by the workers, a range of its heap blocks each,
+        in this read transaction's snapshot (so the window is one read, as ``_read_whole``'s
+        is); they spool the encoded rows, which the pipeline publishes from there."""
+        table = window.table
+        spec = window.spec
+        assert spec is not None
+        with self._read_transaction(conn, window) as cur:
+            row = cur.execute(_EXPORT_SNAPSHOT).fetchone()
+            assert row is not None
+            snapshot_id: str = row[0]
+            row = cur.execute(RELATION_BLOCKS, (table.oid,)).fetchone()
+            assert row is not None
+            ranges = block_ranges(int(row[0]), workers.workers)
+            paths = [workers.spool_path(f"{window.id}-{i}") for i in range(len(ranges))]
+            tasks = [
+                BlockTask(self._conninfo, snapshot_id, table.schema, table.name,
+                          table.column_names, r, spec, path)
+                for r, path in zip(ranges, paths, strict=True)
+            ]  # fmt: skip
+            with _worker_failures():
+                results = workers.spool(tasks)
+        window.encoded_spools = [open_spooled(r.path) for r in results]
+        window.bytes_read = sum(r.bytes_read for r in results)
+
     def _read_whole(self, conn: psycopg.Connection[Any], window: Window) -> None:
         """A table without a key, in one COPY: its rows go to a temporary file as they come
         (the pipeline publishes them from there in bounded batches), and the read's snapshot
@@ -355,6 +384,20 @@ class ChunkReader:
             spool.close()
             raise
         window.spool = spool
+
+
+@contextmanager
+def _worker_failures() -> Iterator[None]:
+    """A worker's failure as the reader's own would be: a failed connection is retried like
+    the reader's (``_read_with_retries``), anything else fails the window."""
+    try:
+        yield
+    except RangeFailed as exc:
+        if exc.connection:
+            raise psycopg.OperationalError(f"snapshot worker: {exc}") from None
+        raise
+    except BrokenProcessPool as exc:
+        raise RuntimeError("a snapshot worker process died (killed, or out of memory?)") from exc
 
 
 def key_text(table: SnapshotTable, line: bytes) -> tuple[str, ...]:

@@ -172,9 +172,9 @@ class SnapshotWindows:
         self._submit(self.window)
 
     def _codec_spec(self, table: SnapshotTable) -> CodecSpec | None:
-        """What the workers encode a keyed table's rows with: its route's codec, as the stream
+        """What the workers encode the table's rows with: its route's codec, as the stream
         (or the catalog) describes it now. Checked again at each high watermark."""
-        if not self._workers or not table.chunk_key:
+        if not self._workers:
             return None
         route = self._sink.snapshot_route(table, 0)
         return CodecSpec.of(route.shape.codec, self._timestamptz)
@@ -194,7 +194,9 @@ class SnapshotWindows:
     def _submit(self, window: Window) -> None:
         window.wait_for, self._wait_for = self._wait_for, None
         if self._reader is None:
-            pool = WorkerPool(self._workers) if self._workers else None
+            pool = None
+            if self._workers:
+                pool = WorkerPool(self._workers, self._metrics.snapshot_worker_ranges)
             self._reader = ChunkReader(self._dsn, self._sizer, self._gate, pool)
         self._reader.submit(window)
 
@@ -309,9 +311,9 @@ class SnapshotWindows:
             codec = route.shape.codec
             if tuple(c.name for c in codec.columns) != window.table.column_names:
                 outcome = Outcome.REDO  # the stream's shape is not the one read
-            elif window.encoded is not None and window.spec != CodecSpec.of(
-                codec, self._timestamptz
-            ):
+            elif (
+                window.encoded is not None or window.encoded_spools
+            ) and window.spec != CodecSpec.of(codec, self._timestamptz):
                 outcome = Outcome.REDO  # encoded with another codec than the route's now
             else:
                 began = time.perf_counter()
@@ -362,6 +364,9 @@ class SnapshotWindows:
         if window.spool is not None:
             window.spool.close()
             window.spool = None
+        for spool in window.encoded_spools:
+            spool.close()
+        window.encoded_spools = []
         window.images = []
         window.prev = None
         nxt = window.ahead

@@ -17,6 +17,10 @@ transactional producer can do that; a worker producing its own transaction would
 before the high watermark decided which to drop, and outside the stream's order. So a worker
 returns its range's encoded rows, and the producer only frames and produces them.
 
+A table without a key is read whole, in one window: the workers then read ranges of its heap
+blocks instead of key ranges, and spool the encoded rows to files (``row_spool``) instead of
+returning them, since the window is the whole table: memory stays bounded on both sides.
+
 A worker that fails (or dies) fails the window: the reader reports a ``SnapshotError`` naming
 the table and the chunk's cursor, which stops the producer; nothing is skipped, and a restart
 resumes from the last recorded chunk.
@@ -25,12 +29,13 @@ resumes from the last recorded chunk.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +44,10 @@ import psycopg
 from psycopg import sql
 
 from producer.snapshot.as_of import AsOf
-from producer.snapshot.chunk_sql import chunk_copy
-from producer.snapshot.copy_text import fields, split_lines, tuple_data
-from producer.snapshot.ranges import Key, KeyRange
+from producer.snapshot.chunk_sql import block_copy, chunk_copy
+from producer.snapshot.copy_text import fields, line_batches, split_lines, tuple_data
+from producer.snapshot.ranges import BlockRange, Key, KeyRange
+from producer.snapshot.row_spool import SpoolDir, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,25 @@ class RangeTask:
     range: KeyRange
     as_of: AsOf | None
     spec: CodecSpec
+
+
+@dataclass(frozen=True)
+class BlockTask:
+    conninfo: str
+    snapshot_id: str
+    schema: str
+    table: str
+    columns: tuple[str, ...]
+    blocks: BlockRange
+    spec: CodecSpec
+    path: str  # the file the range's encoded rows go to (``row_spool``)
+
+
+@dataclass(frozen=True)
+class SpooledRange:
+    path: str
+    rows: int
+    bytes_read: int  # of COPY text
 
 
 @dataclass(frozen=True)
@@ -163,10 +188,30 @@ def _codec(conn: psycopg.Connection[Any], spec: CodecSpec) -> tuple[Any, Any]:
     return cached
 
 
+@contextlib.contextmanager
+def _failures(conninfo: str) -> Iterator[None]:
+    """psycopg's errors as ``RangeFailed`` (a psycopg error does not cross processes intact);
+    a failed connection is closed, for the next task to open a new one."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if _conn is not None:
+            _conn.close()
+        raise RangeFailed(f"{type(exc).__name__}: {exc}", connection=True) from None
+    except psycopg.Error as exc:
+        raise RangeFailed(f"{type(exc).__name__}: {exc}", connection=False) from None
+
+
+def _in_snapshot(cur: psycopg.Cursor[Any], snapshot_id: str) -> None:
+    """The transaction reads in the window's snapshot (exported by the reader)."""
+    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_id)))
+
+
 def read_range(task: RangeTask) -> RangeResult:
     """One range in the window's snapshot, copied and encoded (the producer's path: the
     compiled COPY text twin, the careful one where it gives up)."""
-    try:
+    with _failures(task.conninfo):
         conn = _connection(task.conninfo)
         codec, fast = _codec(conn, task.spec)
         query = chunk_copy(
@@ -175,22 +220,48 @@ def read_range(task: RangeTask) -> RangeResult:
         )  # fmt: skip
         blocks: list[bytes] = []
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute(
-                sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot_id))
-            )
+            _in_snapshot(cur, task.snapshot_id)
             with cur.copy(query) as copy:
                 for block in copy:
                     blocks.append(bytes(block))
-    except psycopg.OperationalError as exc:
-        if _conn is not None:
-            _conn.close()
-        raise RangeFailed(f"{type(exc).__name__}: {exc}", connection=True) from None
-    except psycopg.Error as exc:
-        raise RangeFailed(f"{type(exc).__name__}: {exc}", connection=False) from None
     data = b"".join(blocks)
     lines = split_lines(data)
-    ncols = len(task.columns)
+    encoded = _encode_all(lines, codec, fast, len(task.columns))
+    last = _key_text(task, lines[-1]) if lines else None
+    return RangeResult(data, encoded, last)
+
+
+def read_blocks(task: BlockTask) -> SpooledRange:
+    """A table without a key's block range in the window's snapshot, copied and encoded a
+    batch at a time into its spool file."""
+    rows = size = 0
+
+    def counted(copy: Any) -> Iterator[bytes]:
+        nonlocal size
+        for block in copy:
+            size += len(block)
+            yield bytes(block)
+
+    with _failures(task.conninfo), open(task.path, "wb") as out:
+        conn = _connection(task.conninfo)
+        codec, fast = _codec(conn, task.spec)
+        ncols = len(task.columns)
+        r = task.blocks
+        query = block_copy(task.schema, task.table, task.columns, r.first, r.end)
+        with conn.transaction(), conn.cursor() as cur:
+            _in_snapshot(cur, task.snapshot_id)
+            with cur.copy(query) as copy:
+                for lines in line_batches(counted(copy)):
+                    write_rows(out, [p[0] for p in _encode_all(lines, codec, fast, ncols)])
+                    rows += len(lines)
+    return SpooledRange(task.path, rows, size)
+
+
+def _encode_all(
+    lines: list[bytes], codec: Any, fast: Any, ncols: int
+) -> list[tuple[bytes, bytes | None]]:
+    """COPY lines -> (row body, key body) each: the compiled twin, the careful path where it
+    gives up (which raises the precise error for a value it can't encode)."""
     encoded: list[tuple[bytes, bytes | None]] = []
     append = encoded.append
     careful = codec.encode_row_key
@@ -200,8 +271,7 @@ def read_range(task: RangeTask) -> RangeResult:
             row, _toast, key = careful(tuple_data(line, ncols), 0)
             pair = row, key
         append(pair)
-    last = _key_text(task, lines[-1]) if lines else None
-    return RangeResult(data, encoded, last)
+    return encoded
 
 
 def _key_text(task: RangeTask, line: bytes) -> Key:
@@ -223,9 +293,11 @@ class WorkerPool:
     copy of a threaded process may hold their locks), started at the first window. At most
     ``workers`` ranges are in flight, one per process, so each holds one range's rows."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, ranges_read: Any = None) -> None:
         self.workers = workers
+        self._ranges_read = ranges_read  # a Prometheus counter by (table, kind), or None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._spools: SpoolDir | None = None
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
@@ -241,7 +313,35 @@ class WorkerPool:
     def read(self, tasks: Sequence[RangeTask]) -> list[RangeResult]:
         """The ranges' rows, in order; raises ``RangeFailed`` (the first failure), or
         ``BrokenProcessPool`` when a worker died."""
-        futures = [self._executor().submit(read_range, t) for t in tasks]
+        results: list[RangeResult] = self._run(read_range, tasks)
+        self._count(tasks, "key")
+        return results
+
+    def spool_path(self, name: str) -> str:
+        """Where a block range's encoded rows are to go (this producer's spool directory)."""
+        if self._spools is None:
+            self._spools = SpoolDir()
+        return self._spools.file(name)
+
+    def spool(self, tasks: Sequence[BlockTask]) -> list[SpooledRange]:
+        """The block ranges' rows, encoded into their files; as ``read`` on failure, with the
+        files of every task removed."""
+        try:
+            results: list[SpooledRange] = self._run(read_blocks, tasks)
+        except BaseException:
+            for t in tasks:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(t.path)
+            raise
+        self._count(tasks, "block")
+        return results
+
+    def _count(self, tasks: Sequence[RangeTask | BlockTask], kind: str) -> None:
+        if self._ranges_read is not None and tasks:
+            self._ranges_read.labels(f"{tasks[0].schema}.{tasks[0].table}", kind).inc(len(tasks))
+
+    def _run(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        futures = [self._executor().submit(fn, t) for t in tasks]
         try:
             return [f.result() for f in futures]
         except BaseException:
@@ -254,6 +354,17 @@ class WorkerPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._spools is not None:
+            self._spools.close()
+            self._spools = None
 
 
-__all__ = ["BrokenProcessPool", "CodecSpec", "RangeFailed", "RangeTask", "WorkerPool"]
+__all__ = [
+    "BlockTask",
+    "BrokenProcessPool",
+    "CodecSpec",
+    "RangeFailed",
+    "RangeTask",
+    "SpooledRange",
+    "WorkerPool",
+]

@@ -418,7 +418,9 @@ def test_table_without_a_key_keeps_equal_rows_exact(
         f"ANALYZE {table}",
     )
     source = Source.create(pg_dsn, [table], "snapnk")
-    producer = ProducerProcess(source, kafka_bootstrap, registry_url, snapshot="never")
+    producer = ProducerProcess(
+        source, kafka_bootstrap, registry_url, snapshot="never", snapshot_workers=2
+    )
     inserter = psycopg.connect(pg_dsn)
     try:
         producer.start()  # creates the slot (which waits for running transactions)
@@ -467,6 +469,16 @@ def test_table_without_a_key_keeps_equal_rows_exact(
         first_insert = min(v["source"]["commit_lsn"] for v in events.values() if v["op"] == "c")
         assert first_insert < read_at.pop(), "the insert did not commit inside the window"
         assert metric(producer, "walbridge_snapshot_rows_dropped_total") == 0
+        # Read by both workers, a range of heap blocks each (the table has some 500 blocks).
+        body = producer.http("/metrics")[1]
+        ranges = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in body.splitlines()
+            if line.startswith("walbridge_snapshot_worker_ranges_total{")
+        }
+        assert ranges == {
+            f'walbridge_snapshot_worker_ranges_total{{kind="block",table="public.{table}"}}': 2.0
+        }, producer.log()
     finally:
         inserter.close()
         producer.stop()

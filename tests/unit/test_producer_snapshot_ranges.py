@@ -3,10 +3,12 @@ the ranges hold the window's rows exactly once, in key order, whatever the sizes
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from producer.snapshot.chunk_sql import chunk_copy, range_marks
-from producer.snapshot.ranges import KeyRange, range_step, split_ranges
+from producer.snapshot.chunk_sql import block_copy, chunk_copy, range_marks
+from producer.snapshot.ranges import KeyRange, block_ranges, range_step, split_ranges
 
 
 def _marks(
@@ -66,3 +68,36 @@ def test_range_sql_quotes_everything_and_bounds_both_ends() -> None:
     assert "walbridge_n % 50 = 0 OR walbridge_n >= 100" in q
     with pytest.raises(ValueError, match="does not match key"):
         chunk_copy("s", "t", ["a", "b"], ["a", "b"], None, None, upto=["1"])
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 127, 128, 129, 255, 256, 257, 1000, 10_007])
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_block_ranges_cover_every_row_position_once(blocks: int, workers: int) -> None:
+    ranges = block_ranges(blocks, workers, min_blocks=128)
+    assert 1 <= len(ranges) <= workers
+    assert ranges[0].first == 0 and ranges[-1].end is None  # open-ended: rows past the count too
+    for before, after in itertools.pairwise(ranges):
+        assert before.end == after.first  # no gap, no overlap
+    for r in ranges[:-1]:
+        assert r.end is not None and r.end - r.first >= 128  # not worth a worker below that
+    # Each block (the counted ones and any added after the count) falls in exactly one range.
+    for block in range(blocks + 300):
+        assert sum(r.first <= block and (r.end is None or block < r.end) for r in ranges) == 1
+
+
+def test_block_ranges_share_a_big_heap_evenly() -> None:
+    ranges = block_ranges(1_000_000, 4)
+    assert [r.first for r in ranges] == [0, 250_000, 500_000, 750_000]
+
+
+def test_block_range_sql_is_a_tid_range_and_quotes_the_names() -> None:
+    q = block_copy("s", 'we"ird', ["a", "b c"], 0, 128).as_string(None)
+    assert q == (
+        'COPY (SELECT "a", "b c" FROM "s"."we""ird" WHERE ctid >= \'(0,0)\'::tid'
+        " AND ctid < '(128,0)'::tid) TO STDOUT"
+    )
+    q = block_copy("s", "t", ["a"], 128, None).as_string(None)
+    assert q.endswith("WHERE ctid >= '(128,0)'::tid) TO STDOUT")
+    for first, end in ((-1, None), (5, 5), (5, 2)):
+        with pytest.raises(ValueError, match="bad block range"):
+            block_copy("s", "t", ["a"], first, end)
