@@ -10,6 +10,7 @@ returns).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -128,11 +129,16 @@ def _publish_spooled(window: Window, route: Any, lsn: int, emit: EmitReads) -> t
                 emit(route, out[:-1], False, lsn)
                 kept += len(out) - 1
                 out = out[-1:]
+            if not drop:  # no change the read did not see is left to match (mostly none)
+                out.extend(zip(rows, itertools.repeat(None)))
+                continue
             keep = out.append
             for row in rows:
                 if drop[row]:  # (a Counter: 0 for a row no change matched)
                     drop[row] -= 1
                     dropped += 1
+                    if not drop[row]:
+                        del drop[row]  # (so that an empty Counter means nothing left)
                     continue
                 keep((row, None))
     kept += len(out)

@@ -2,8 +2,8 @@
 Avro-encoded, one file per block range, and the producer publishes them from there in bounded
 batches, so neither side holds a whole table in memory.
 
-A file is a sequence of frames, each a row body's length (4 bytes, little-endian) and the
-body. Why not the COPY text, as the single-reader path spools it: encoding is the work the
+A file is a sequence of batches, each its row count, its rows' lengths and its rows' bodies
+(counts and lengths 4 bytes, little-endian). Why not the COPY text, as the single-reader path spools it: encoding is the work the
 workers are there to share; the producer then only frames and produces.
 
 The files live in one directory per producer (``SpoolDir``), removed when the producer stops.
@@ -14,12 +14,15 @@ does not fill the disk.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import fcntl
+import itertools
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO, Final
 
 PREFIX: Final = "walbridge-snapshot-spool-"
@@ -31,36 +34,38 @@ class SpoolFormatError(ValueError):
     """A spool file that does not hold whole frames (a bug, or the file was damaged)."""
 
 
-def write_rows(out: BinaryIO, rows: Iterable[bytes]) -> None:
-    out.write(b"".join(len(r).to_bytes(_LENGTH, "little") + r for r in rows))
+def write_rows(out: BinaryIO, rows: Sequence[bytes]) -> None:
+    """One batch: its row count, the rows' lengths (4 bytes each) and the rows, back to back."""
+    lengths = array.array("I", map(len, rows))
+    if sys.byteorder != "little":
+        lengths.byteswap()
+    out.write(len(rows).to_bytes(_LENGTH, "little"))
+    out.write(lengths.tobytes())
+    out.write(b"".join(rows))
 
 
-def row_batches(spool: BinaryIO, block_size: int = 4 * 1024 * 1024) -> Iterator[list[bytes]]:
-    """The rows of a spool file, from its start, in batches of about ``block_size`` bytes (and
-    at most one row longer than that, read whole)."""
+def row_batches(spool: BinaryIO) -> Iterator[list[bytes]]:
+    """The rows of a spool file, from its start, a batch as it was written at a time.
+
+    Why a batch's lengths come first instead of one before each row: the producer's thread
+    reads these, and one array of lengths (read in C) and one slice per row cost it a third
+    of what parsing a length before each row in Python did."""
     spool.seek(0)
-    rest = b""
-    while block := spool.read(block_size):
-        data = rest + block if rest else block
-        rows: list[bytes] = []
-        pos, n = 0, len(data)
-        while n - pos >= _LENGTH:
-            end = pos + _LENGTH + int.from_bytes(data[pos : pos + _LENGTH], "little")
-            if end > n:
-                if end - n > block_size:  # a long row: the rest of it in one read
-                    data += spool.read(end - n)
-                    n = len(data)
-                    if end > n:
-                        break
-                else:
-                    break
-            rows.append(data[pos + _LENGTH : end])
-            pos = end
-        rest = data[pos:]
-        if rows:
-            yield rows
-    if rest:
-        raise SpoolFormatError(f"spool {getattr(spool, 'name', '?')!r} ends inside a row")
+    while header := spool.read(_LENGTH):
+        count = int.from_bytes(_exactly(spool, header, _LENGTH), "little")
+        lengths = array.array("I")
+        lengths.frombytes(_exactly(spool, spool.read(_LENGTH * count), _LENGTH * count))
+        if sys.byteorder != "little":
+            lengths.byteswap()
+        ends = list(itertools.accumulate(lengths))
+        data = _exactly(spool, spool.read(ends[-1] if ends else 0), ends[-1] if ends else 0)
+        yield [data[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+
+
+def _exactly(spool: BinaryIO, data: bytes, size: int) -> bytes:
+    if len(data) != size:
+        raise SpoolFormatError(f"spool {getattr(spool, 'name', '?')!r} ends inside a batch")
+    return data
 
 
 def open_spooled(path: str) -> BinaryIO:

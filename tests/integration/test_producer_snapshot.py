@@ -427,9 +427,14 @@ def test_table_without_a_key_keeps_equal_rows_exact(
         inserter.execute(f"INSERT INTO {table} VALUES (-1, 'dup')")  # running, not committed
         signal = json.dumps({"snapshot": [f"public.{table}"]})
         sql(pg_dsn, f"SELECT pg_logical_emit_message(true, 'walbridge.signal', '{signal}')")
+        # The read runs: a COPY, or the read's transaction (the reader's, or a worker's that
+        # imported it) waiting between statements with its snapshot taken. The workers' COPYs
+        # of this table take some 50 ms each, which a poll can miss on a loaded machine; the
+        # reader's transaction lasts the whole read.
         copying = (
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-            "'walbridge_snapshot' AND state = 'active' AND query LIKE 'COPY%'"
+            "'walbridge_snapshot' AND ((state = 'active' AND query LIKE 'COPY%') OR "
+            "(state = 'idle in transaction' AND backend_xmin IS NOT NULL))"
         )
         deadline = time.monotonic() + 120
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
