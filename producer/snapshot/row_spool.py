@@ -3,8 +3,9 @@ Avro-encoded, one file per block range, and the producer publishes them from the
 batches, so neither side holds a whole table in memory.
 
 A file is a sequence of batches, each its row count, its rows' lengths and its rows' bodies
-(counts and lengths 4 bytes, little-endian). Why not the COPY text, as the single-reader path spools it: encoding is the work the
-workers are there to share; the producer then only frames and produces.
+(counts and lengths 4 bytes, little-endian). Why not the COPY text, as the single-reader path
+spools it: encoding is the work the workers are there to share; the producer then only frames
+and produces.
 
 The files live in one directory per producer (``SpoolDir``), removed when the producer stops.
 A producer killed with -9 leaves its directory behind; the next one to start a spool directory
@@ -28,15 +29,17 @@ from typing import BinaryIO, Final
 PREFIX: Final = "walbridge-snapshot-spool-"
 _LOCK: Final = ".lock"
 _LENGTH: Final = 4
+# The array typecode of 4-byte unsigned integers ("I" on every platform CPython runs on here).
+_LENGTHS: Final = next(c for c in "IL" if array.array(c).itemsize == _LENGTH)
 
 
 class SpoolFormatError(ValueError):
-    """A spool file that does not hold whole frames (a bug, or the file was damaged)."""
+    """A spool file that does not hold whole batches (a bug, or the file was damaged)."""
 
 
 def write_rows(out: BinaryIO, rows: Sequence[bytes]) -> None:
     """One batch: its row count, the rows' lengths (4 bytes each) and the rows, back to back."""
-    lengths = array.array("I", map(len, rows))
+    lengths = array.array(_LENGTHS, map(len, rows))
     if sys.byteorder != "little":
         lengths.byteswap()
     out.write(len(rows).to_bytes(_LENGTH, "little"))
@@ -48,17 +51,20 @@ def row_batches(spool: BinaryIO) -> Iterator[list[bytes]]:
     """The rows of a spool file, from its start, a batch as it was written at a time.
 
     Why a batch's lengths come first instead of one before each row: the producer's thread
-    reads these, and one array of lengths (read in C) and one slice per row cost it a third
-    of what parsing a length before each row in Python did."""
+    reads these, and an array of lengths read in C and one slice per row cost it less than
+    parsing a length before each row in Python (with the publisher's loop skipped where no
+    change is left to match, 2.02 -> 1.72 us per row of main thread, bench_snapshot.py
+    --keyless)."""
     spool.seek(0)
     while header := spool.read(_LENGTH):
         count = int.from_bytes(_exactly(spool, header, _LENGTH), "little")
-        lengths = array.array("I")
+        lengths = array.array(_LENGTHS)
         lengths.frombytes(_exactly(spool, spool.read(_LENGTH * count), _LENGTH * count))
         if sys.byteorder != "little":
             lengths.byteswap()
         ends = list(itertools.accumulate(lengths))
-        data = _exactly(spool, spool.read(ends[-1] if ends else 0), ends[-1] if ends else 0)
+        size = ends[-1] if ends else 0
+        data = _exactly(spool, spool.read(size), size)
         yield [data[a:b] for a, b in zip([0, *ends], ends, strict=False)]
 
 

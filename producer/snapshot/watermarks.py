@@ -338,7 +338,7 @@ class Window:
     read_snapshot: ReadSnapshot | None = None
     spool: BinaryIO | None = None
     # Read by the snapshot workers instead, by block ranges: the rows' Avro bodies, one file
-    # per range, in ``row_spool``'s frames.
+    # per range, in ``row_spool``'s batches.
     encoded_spools: list[BinaryIO] = field(default_factory=list)
     images: list[ImageChange] = field(default_factory=list)
     truncated: bool = False
