@@ -193,7 +193,7 @@ def rides_out(producer: ProducerProcess, proxy: Proxy, kind: str) -> None:
         # Events must go through while the fault holds, however slowly: with exactly-once on,
         # one Kafka commit under this latency is several round trips (the flush, EndTxn, the
         # broker's markers to itself through the same proxy, the next AddPartitionsToTxn),
-        # 0.2-4.2 s in ten runs here, and the counter does not move meanwhile. So wait for it
+        # 0.2-4.2 s in nine runs here, and the counter does not move meanwhile. So wait for it
         # (bounded) rather than sample it once after a fixed time.
         wait_until(f"events during {kind}", lambda: events(producer) > before, producer)
         time.sleep(max(0.0, SHORT_FAULT_S - (time.monotonic() - start)))
